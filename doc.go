@@ -1,0 +1,26 @@
+// Package sqllock defines the vocabulary shared by every lock strategy of this module:
+// the Locker and Lease interfaces, Do, the Dialect of the database, the name rules and
+// the sentinel errors.
+//
+// A lock strategy lives in its own package and needs nothing but the SQL database a
+// service already runs (PostgreSQL, or MySQL/MariaDB):
+//
+//   - uniqueindex: a lease row under a unique key (owner, expiry, fencing token, watchdog)
+//   - forupdate: a row lock held by an open transaction (SELECT ... FOR UPDATE)
+//   - optimistic: compare-and-swap on a version column
+//   - advisory: pg_advisory_lock and GET_LOCK on a pinned session
+//
+// Every strategy honours the same semantics:
+//
+//   - Mutual exclusion: never two live holders of one name.
+//   - Time is the database's: expiry is computed and compared on the database clock.
+//   - Fencing: Lease.Token is strictly increasing per name across acquisitions.
+//   - Loss is signalled: a lease that is no longer held closes Done and reports ErrLost.
+//   - Names are exact: two names are the same lock if and only if their bytes are equal.
+//   - Transient database errors (deadlocks, serialization failures, lock wait timeouts,
+//     duplicate keys) during acquisition never reach the caller raw.
+//   - Cancellation is clean: an Acquire whose context ends leaves nothing behind.
+//
+// Errors returned by this module match the sentinel errors with errors.Is, and carry
+// the operation, dialect and lock name in an *Error.
+package sqllock

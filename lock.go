@@ -1,0 +1,129 @@
+package sqllock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Locker acquires named locks. Implementations are safe for concurrent use.
+type Locker interface {
+	// Acquire waits until the lock is held or ctx ends. It returns a Lease, or an error
+	// and a nil Lease: never a nil Lease with a nil error. When ctx ends first, the
+	// error matches both ErrNotAcquired and ctx.Err(), and no lock is left behind, even
+	// if the database granted it at that instant.
+	Acquire(ctx context.Context, name string, opts ...AcquireOption) (Lease, error)
+
+	// TryAcquire makes one attempt and returns an error matching ErrNotAcquired at once
+	// if the lock is held by someone else.
+	TryAcquire(ctx context.Context, name string, opts ...AcquireOption) (Lease, error)
+}
+
+// Lease is a held lock. Its methods are safe for concurrent use.
+type Lease interface {
+	// Name returns the lock name.
+	Name() string
+
+	// Token returns the fencing token of this acquisition: strictly greater than the
+	// token of every earlier acquisition of the same name. Pass it to the resource the
+	// lock protects, which rejects writes carrying a smaller token than it has seen.
+	Token() int64
+
+	// Done returns a channel that is closed when the lease is lost or released.
+	Done() <-chan struct{}
+
+	// Err returns nil while the lease is held, an error matching ErrLost once it is
+	// lost, and one matching ErrNotHeld once it was released.
+	Err() error
+
+	// Release gives the lock up. It is safe to call more than once: later calls return
+	// nil. It returns an error matching ErrLost if the lease had been lost before.
+	Release(ctx context.Context) error
+}
+
+// AcquireOption changes one acquisition. Strategies that cannot honour an option
+// return an error matching ErrInvalidOption.
+type AcquireOption func(*AcquireConfig)
+
+// AcquireConfig is the result of applying AcquireOptions. Strategies read it; users
+// build it through the With* options.
+type AcquireConfig struct {
+	// Owner is the reentrancy key set by WithOwner, or "".
+	Owner string
+	// TTL is the lease time set by WithTTL, or 0 for the Locker's default.
+	TTL time.Duration
+
+	ownerSet, ttlSet bool
+}
+
+// WithOwner makes the acquisition reentrant under an explicit owner key: an owner that
+// already holds the lock acquires it again at once, and the lock is released when
+// every acquisition was released. The key must be unique to one logical owner (one
+// job, one request): two goroutines sharing a key share the lock. Supported by the
+// strategies whose documentation says so.
+func WithOwner(key string) AcquireOption {
+	return func(c *AcquireConfig) { c.Owner, c.ownerSet = key, true }
+}
+
+// WithTTL overrides the Locker's lease time for one acquisition, for strategies that
+// hold a lease.
+func WithTTL(ttl time.Duration) AcquireOption {
+	return func(c *AcquireConfig) { c.TTL, c.ttlSet = ttl, true }
+}
+
+// ApplyAcquireOptions applies opts and validates the result. Strategies call it.
+func ApplyAcquireOptions(opts []AcquireOption) (AcquireConfig, error) {
+	var c AcquireConfig
+	for _, o := range opts {
+		o(&c)
+	}
+	if c.ownerSet && c.Owner == "" {
+		return c, &Error{Op: "acquire", Kind: ErrInvalidOption, Err: fmt.Errorf("empty owner key")}
+	}
+	if c.ttlSet && c.TTL <= 0 {
+		return c, &Error{Op: "acquire", Kind: ErrInvalidOption, Err: fmt.Errorf("TTL %v is not positive", c.TTL)}
+	}
+	if len(c.Owner) > MaxNameLen {
+		return c, &Error{Op: "acquire", Kind: ErrInvalidOption, Err: fmt.Errorf("owner key longer than %d bytes", MaxNameLen)}
+	}
+	return c, nil
+}
+
+// Do acquires the lock name with l, runs fn with a context that is cancelled (with
+// cause ErrLost) when the lease is lost, and releases the lock. It returns fn's error,
+// joined with the release error if any. If the lease was lost while fn ran, the
+// returned error matches ErrLost even when fn returned nil: fn's work was not
+// protected by the lock for its whole duration.
+func Do(ctx context.Context, l Locker, name string, fn func(ctx context.Context) error, opts ...AcquireOption) error {
+	lease, err := l.Acquire(ctx, name, opts...)
+	if err != nil {
+		return err
+	}
+	fctx, cancel := context.WithCancelCause(ctx)
+	watchDone := make(chan struct{})
+	go func() {
+		defer close(watchDone)
+		select {
+		case <-lease.Done():
+			cancel(lease.Err())
+		case <-fctx.Done():
+		}
+	}()
+	ferr := fn(fctx)
+	cancel(context.Canceled)
+	<-watchDone
+
+	// Release with a context that survives ctx's end: an expired caller context must
+	// not leave the lock held until its lease runs out.
+	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	defer rcancel()
+	rerr := lease.Release(rctx)
+	if rerr != nil && ferr != nil && errors.Is(rerr, ErrLost) && errors.Is(ferr, ErrLost) {
+		return ferr
+	}
+	return errors.Join(ferr, rerr)
+}
+
+// releaseTimeout bounds the Release that Do makes after fn returns.
+const releaseTimeout = 30 * time.Second
