@@ -1,0 +1,66 @@
+// Package fence keeps the per-name fencing counters in the sqllock_fence table
+// (migration 0001). A counter only ever increases: rows are never deleted by the
+// library, and both databases persist committed rows across restarts.
+package fence
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+
+	"github.com/sqllock/sqllock"
+	"github.com/sqllock/sqllock/internal/namekey"
+)
+
+// Execer is what Next needs: a *sql.DB, *sql.Conn or *sql.Tx.
+type Execer interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+const (
+	nextPostgres = `INSERT INTO sqllock_fence (lock_key, name, token) VALUES ($1, $2, 1)
+ON CONFLICT (lock_key) DO UPDATE SET token = sqllock_fence.token + 1 RETURNING token`
+	// LAST_INSERT_ID(expr) makes the new value the statement's insert id, so one round
+	// trip both increments and returns it. A fresh row affects 1 row and has token 1.
+	nextMySQL = `INSERT INTO sqllock_fence (lock_key, name, token) VALUES (?, ?, 1)
+ON DUPLICATE KEY UPDATE token = LAST_INSERT_ID(token + 1)`
+)
+
+// Next increments the counter of name and returns its new value, in one statement.
+// Run on a transaction, the increment commits or rolls back with it, and the row
+// stays locked until then.
+func Next(ctx context.Context, q Execer, d sqllock.Dialect, name string) (int64, error) {
+	key := namekey.Key(name)
+	if d == sqllock.Postgres {
+		var tok int64
+		err := q.QueryRowContext(ctx, nextPostgres, key, []byte(name)).Scan(&tok)
+		return tok, err
+	}
+	res, err := q.ExecContext(ctx, nextMySQL, key, []byte(name))
+	if err != nil {
+		return 0, err
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return 0, err
+	}
+	if n == 1 {
+		return 1, nil
+	}
+	return res.LastInsertId()
+}
+
+// Current returns the counter of name, or 0 if it was never incremented.
+func Current(ctx context.Context, q Execer, d sqllock.Dialect, name string) (int64, error) {
+	query := "SELECT token FROM sqllock_fence WHERE lock_key = ?"
+	if d == sqllock.Postgres {
+		query = "SELECT token FROM sqllock_fence WHERE lock_key = $1"
+	}
+	var tok int64
+	err := q.QueryRowContext(ctx, query, namekey.Key(name)).Scan(&tok)
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, nil
+	}
+	return tok, err
+}

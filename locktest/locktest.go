@@ -1,0 +1,536 @@
+// Package locktest is the conformance suite every sqllock.Locker must pass, on every
+// dialect it supports. Strategies run it from their integration tests; users can run
+// it against a Locker of their own.
+//
+// The suite checks mutual exclusion under contention with a deliberately non-atomic
+// read-sleep-write of a counter row, TryAcquire, Release, loss, context deadlines and
+// cancellation, fencing-token monotonicity, the name rules, and that every case leaves
+// no goroutine (goleak) and no connection in use (sql.DBStats.InUse) behind.
+package locktest
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/sqllock/sqllock"
+	"github.com/sqllock/sqllock/testdb"
+)
+
+// Config describes the Locker under test.
+type Config struct {
+	// Dialect of the database.
+	Dialect sqllock.Dialect
+
+	// New returns a Locker that uses db. It registers with t.Cleanup whatever must be
+	// closed. Required.
+	New func(t testing.TB, db *sql.DB) sqllock.Locker
+
+	// Lose makes a held lease lost from outside, as a failure would: it kills the
+	// lease's session, or deletes or takes over its row, using admin (a pool of its
+	// own). Required.
+	Lose func(t testing.TB, admin *sql.DB, lease sqllock.Lease)
+
+	// Open returns a new, independent pool to the migrated database. Default:
+	// testdb.Open.
+	Open func(t testing.TB, d sqllock.Dialect) *sql.DB
+
+	// Contention settings of the exclusion case. Defaults: 16 goroutines over 2 pools,
+	// 2000 critical sections, each sleeping Hold (default 100µs) between its read and
+	// its write of the counter.
+	Goroutines, Pools, Sections int
+	Hold                        time.Duration
+
+	// LossTimeout bounds how long after Lose the lease must report ErrLost, and how
+	// long another client may then wait for the lock. Default 15s.
+	LossTimeout time.Duration
+}
+
+func (c *Config) defaults() {
+	if c.Open == nil {
+		c.Open = testdb.Open
+	}
+	if c.Goroutines == 0 {
+		c.Goroutines = 16
+	}
+	if c.Pools == 0 {
+		c.Pools = 2
+	}
+	if c.Sections == 0 {
+		c.Sections = 2000
+	}
+	if c.Hold == 0 {
+		c.Hold = 100 * time.Microsecond
+	}
+	if c.LossTimeout == 0 {
+		c.LossTimeout = 15 * time.Second
+	}
+}
+
+// Run runs every case of the suite as a subtest of t.
+func Run(t *testing.T, cfg Config) {
+	t.Helper()
+	if cfg.New == nil || cfg.Lose == nil || !cfg.Dialect.Valid() {
+		t.Fatal("locktest: Config needs Dialect, New and Lose")
+	}
+	cfg.defaults()
+	for _, c := range []struct {
+		name string
+		f    func(*testing.T, *Config)
+	}{
+		{"Exclusion", testExclusion},
+		{"TryAcquire", testTryAcquire},
+		{"ReleaseTwice", testReleaseTwice},
+		{"Loss", testLoss},
+		{"Deadline", testDeadline},
+		{"Cancel", testCancel},
+		{"Tokens", testTokens},
+		{"Names", testNames},
+		{"Do", testDo},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ignore := goleak.IgnoreCurrent()
+			// Registered first, so it runs last: after the pools and lockers the case
+			// opened were closed by their own cleanups.
+			t.Cleanup(func() {
+				if err := goleak.Find(ignore); err != nil {
+					t.Errorf("locktest: goroutines leaked: %v", err)
+				}
+			})
+			cfgc := cfg
+			cfgc.Open = func(t testing.TB, d sqllock.Dialect) *sql.DB {
+				db := cfg.Open(t, d)
+				// Checked before the pool is closed (cleanups run last-in first-out,
+				// and the lockers' cleanups were registered after this one).
+				t.Cleanup(func() {
+					if n := db.Stats().InUse; n != 0 {
+						t.Errorf("locktest: %d connections still in use when the case ended", n)
+					}
+				})
+				return db
+			}
+			c.f(t, &cfgc)
+		})
+	}
+}
+
+func ctxFor(t testing.TB, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func uniqueName(t testing.TB, parts ...string) string { return testdb.Name(t, parts...) }
+
+// lockers opens n pools and a Locker on each.
+func lockers(t *testing.T, cfg *Config, n int) []sqllock.Locker {
+	ls := make([]sqllock.Locker, n)
+	for i := range ls {
+		ls[i] = cfg.New(t, cfg.Open(t, cfg.Dialect))
+	}
+	return ls
+}
+
+func release(t testing.TB, l sqllock.Lease) {
+	t.Helper()
+	if err := l.Release(ctxFor(t, 30*time.Second)); err != nil {
+		t.Errorf("Release(%q): %v", l.Name(), err)
+	}
+}
+
+func mustAcquire(t testing.TB, l sqllock.Locker, name string) sqllock.Lease {
+	t.Helper()
+	lease, err := l.Acquire(ctxFor(t, 30*time.Second), name)
+	if err != nil {
+		t.Fatalf("Acquire(%q): %v", name, err)
+	}
+	if lease == nil {
+		t.Fatalf("Acquire(%q) returned a nil Lease and a nil error", name)
+	}
+	return lease
+}
+
+// wantNotAcquired checks a TryAcquire that must fail because the lock is held.
+func wantNotAcquired(t testing.TB, l sqllock.Locker, name, why string) {
+	t.Helper()
+	lease, err := l.TryAcquire(ctxFor(t, 30*time.Second), name)
+	if err == nil {
+		lease.Release(ctxFor(t, 30*time.Second))
+		t.Fatalf("TryAcquire(%q) succeeded %s", name, why)
+	}
+	if !errors.Is(err, sqllock.ErrNotAcquired) {
+		t.Fatalf("TryAcquire(%q) %s: %v, want ErrNotAcquired", name, why, err)
+	}
+	if lease != nil {
+		t.Fatalf("TryAcquire(%q) returned a Lease with an error", name)
+	}
+}
+
+const counterTable = "sqllock_locktest_counter"
+
+func ensureCounter(t testing.TB, db *sql.DB, d sqllock.Dialect, name string) {
+	t.Helper()
+	ctx := ctxFor(t, 30*time.Second)
+	ddl := "CREATE TABLE IF NOT EXISTS " + counterTable + " (name varchar(255) PRIMARY KEY, n bigint NOT NULL)"
+	if _, err := db.ExecContext(ctx, ddl); err != nil {
+		// Concurrent test binaries may race on the DDL; the table exists if the
+		// INSERT below works.
+		t.Logf("locktest: %s: %v", ddl, err)
+	}
+	if _, err := db.ExecContext(ctx, rebind(d, "INSERT INTO "+counterTable+" (name, n) VALUES (?, 0)"), name); err != nil {
+		t.Fatalf("locktest: counter row: %v", err)
+	}
+}
+
+// rebind turns ? placeholders into $n for PostgreSQL.
+func rebind(d sqllock.Dialect, q string) string {
+	if d != sqllock.Postgres {
+		return q
+	}
+	var b strings.Builder
+	n := 0
+	for _, r := range q {
+		if r == '?' {
+			n++
+			fmt.Fprintf(&b, "$%d", n)
+			continue
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
+// testExclusion: many goroutines over several pools take one lock many times; each
+// critical section reads a counter row, sleeps, and writes it back plus one. Any
+// overlap loses an increment; an in-process detector counts overlaps directly, and
+// tokens must increase in the order the sections ran.
+func testExclusion(t *testing.T, cfg *Config) {
+	ls := lockers(t, cfg, cfg.Pools)
+	name := uniqueName(t)
+	counterDB := cfg.Open(t, cfg.Dialect)
+	counterDB.SetMaxOpenConns(cfg.Goroutines + 1)
+	ensureCounter(t, counterDB, cfg.Dialect, name)
+	sel := rebind(cfg.Dialect, "SELECT n FROM "+counterTable+" WHERE name = ?")
+	upd := rebind(cfg.Dialect, "UPDATE "+counterTable+" SET n = ? WHERE name = ?")
+
+	var (
+		remaining  atomic.Int64
+		inside     atomic.Int32
+		overlaps   atomic.Int64
+		done       atomic.Int64
+		tokenMu    sync.Mutex
+		lastToken  int64
+		tokenFault string
+		errMu      sync.Mutex
+		errs       []error
+	)
+	remaining.Store(int64(cfg.Sections))
+	fail := func(err error) {
+		errMu.Lock()
+		if len(errs) < 10 {
+			errs = append(errs, err)
+		}
+		errMu.Unlock()
+	}
+	ctx := ctxFor(t, 10*time.Minute)
+	var wg sync.WaitGroup
+	for g := 0; g < cfg.Goroutines; g++ {
+		l := ls[g%len(ls)]
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for remaining.Add(-1) >= 0 {
+				lease, err := l.Acquire(ctx, name)
+				if err != nil {
+					fail(fmt.Errorf("Acquire: %w", err))
+					return
+				}
+				if inside.Add(1) > 1 {
+					overlaps.Add(1)
+				}
+				tokenMu.Lock()
+				if tok := lease.Token(); tok <= lastToken && tokenFault == "" {
+					tokenFault = fmt.Sprintf("token %d granted after token %d", tok, lastToken)
+				} else {
+					lastToken = tok
+				}
+				tokenMu.Unlock()
+				var n int64
+				err = counterDB.QueryRowContext(ctx, sel, name).Scan(&n)
+				if err == nil {
+					time.Sleep(cfg.Hold) // widen the read-write window on purpose
+					_, err = counterDB.ExecContext(ctx, upd, n+1, name)
+				}
+				inside.Add(-1)
+				if err != nil {
+					fail(fmt.Errorf("counter: %w", err))
+				}
+				done.Add(1)
+				if err := lease.Release(ctx); err != nil {
+					fail(fmt.Errorf("Release: %w", err))
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		t.Error(err)
+	}
+	var n int64
+	if err := counterDB.QueryRowContext(ctxFor(t, 30*time.Second), sel, name).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if o := overlaps.Load(); o != 0 {
+		t.Errorf("mutual exclusion violated: %d overlapping critical sections", o)
+	}
+	if n != done.Load() {
+		t.Errorf("mutual exclusion violated: counter is %d after %d critical sections (lost updates)", n, done.Load())
+	}
+	if tokenFault != "" {
+		t.Errorf("fencing tokens out of order: %s", tokenFault)
+	}
+	t.Logf("%d sections by %d goroutines over %d pools", done.Load(), cfg.Goroutines, cfg.Pools)
+}
+
+func testTryAcquire(t *testing.T, cfg *Config) {
+	ls := lockers(t, cfg, 2)
+	name := uniqueName(t)
+	lease := mustAcquire(t, ls[0], name)
+	if lease.Name() != name {
+		t.Errorf("Name() = %q, want %q", lease.Name(), name)
+	}
+	if lease.Err() != nil {
+		t.Errorf("Err() of a held lease = %v, want nil", lease.Err())
+	}
+	wantNotAcquired(t, ls[1], name, "from another pool while the lock is held")
+	wantNotAcquired(t, ls[0], name, "from the holder's Locker while the lock is held (not reentrant by default)")
+	release(t, lease)
+	again, err := ls[1].TryAcquire(ctxFor(t, 30*time.Second), name)
+	if err != nil {
+		t.Fatalf("TryAcquire after Release: %v", err)
+	}
+	release(t, again)
+}
+
+func testReleaseTwice(t *testing.T, cfg *Config) {
+	ls := lockers(t, cfg, 1)
+	lease := mustAcquire(t, ls[0], uniqueName(t))
+	release(t, lease)
+	if err := lease.Release(ctxFor(t, 30*time.Second)); err != nil {
+		t.Errorf("second Release: %v, want nil", err)
+	}
+	select {
+	case <-lease.Done():
+	default:
+		t.Error("Done() not closed after Release")
+	}
+	if err := lease.Err(); !errors.Is(err, sqllock.ErrNotHeld) {
+		t.Errorf("Err() after Release = %v, want ErrNotHeld", err)
+	}
+}
+
+func testLoss(t *testing.T, cfg *Config) {
+	ls := lockers(t, cfg, 2)
+	admin := cfg.Open(t, cfg.Dialect)
+	name := uniqueName(t)
+	lease := mustAcquire(t, ls[0], name)
+	cfg.Lose(t, admin, lease)
+	select {
+	case <-lease.Done():
+	case <-time.After(cfg.LossTimeout):
+		t.Fatalf("Done() not closed %v after the lease was lost", cfg.LossTimeout)
+	}
+	if err := lease.Err(); !errors.Is(err, sqllock.ErrLost) {
+		t.Errorf("Err() after loss = %v, want ErrLost", err)
+	}
+	if err := lease.Release(ctxFor(t, 30*time.Second)); !errors.Is(err, sqllock.ErrLost) {
+		t.Errorf("Release after loss = %v, want ErrLost", err)
+	}
+	next, err := ls[1].Acquire(ctxFor(t, cfg.LossTimeout), name)
+	if err != nil {
+		t.Fatalf("Acquire after loss: %v", err)
+	}
+	if next.Token() <= lease.Token() {
+		t.Errorf("token after loss %d, not greater than the lost lease's %d", next.Token(), lease.Token())
+	}
+	release(t, next)
+}
+
+func testDeadline(t *testing.T, cfg *Config) {
+	ls := lockers(t, cfg, 3)
+	name := uniqueName(t)
+	holder := mustAcquire(t, ls[0], name)
+	const wait = 300 * time.Millisecond
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	start := time.Now()
+	lease, err := ls[1].Acquire(ctx, name)
+	took := time.Since(start)
+	if err == nil {
+		lease.Release(ctxFor(t, 30*time.Second))
+		t.Fatal("Acquire of a held lock succeeded")
+	}
+	if lease != nil {
+		t.Error("Acquire returned a Lease with an error")
+	}
+	if !errors.Is(err, sqllock.ErrNotAcquired) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Acquire past its deadline: %v, want ErrNotAcquired and context.DeadlineExceeded", err)
+	}
+	if took < wait-10*time.Millisecond || took > wait+2*time.Second {
+		t.Errorf("Acquire with a %v deadline returned after %v", wait, took)
+	}
+	release(t, holder)
+	// Nothing of the timed-out attempt may remain: a third client gets the lock at once.
+	after, err := ls[2].TryAcquire(ctxFor(t, 30*time.Second), name)
+	if err != nil {
+		t.Fatalf("TryAcquire after the timed-out Acquire and Release: %v (a lock was left behind)", err)
+	}
+	release(t, after)
+}
+
+func testCancel(t *testing.T, cfg *Config) {
+	ls := lockers(t, cfg, 3)
+	name := uniqueName(t)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if lease, err := ls[0].Acquire(ctx, name); err == nil {
+		lease.Release(ctxFor(t, 30*time.Second))
+		t.Error("Acquire with a cancelled context succeeded")
+	} else if !errors.Is(err, sqllock.ErrNotAcquired) || !errors.Is(err, context.Canceled) {
+		t.Errorf("Acquire with a cancelled context: %v, want ErrNotAcquired and context.Canceled", err)
+	}
+
+	holder := mustAcquire(t, ls[0], name)
+	ctx, cancel = context.WithCancel(context.Background())
+	defer cancel()
+	type result struct {
+		lease sqllock.Lease
+		err   error
+	}
+	res := make(chan result, 1)
+	go func() {
+		l, err := ls[1].Acquire(ctx, name)
+		res <- result{l, err}
+	}()
+	time.AfterFunc(200*time.Millisecond, cancel)
+	var r result
+	select {
+	case r = <-res:
+	case <-time.After(30 * time.Second):
+		t.Fatal("Acquire did not return 30s after its context was cancelled")
+	}
+	if r.err == nil {
+		r.lease.Release(ctxFor(t, 30*time.Second))
+		t.Fatal("Acquire of a held lock succeeded")
+	}
+	if !errors.Is(r.err, sqllock.ErrNotAcquired) || !errors.Is(r.err, context.Canceled) {
+		t.Errorf("cancelled Acquire: %v, want ErrNotAcquired and context.Canceled", r.err)
+	}
+	release(t, holder)
+	after, err := ls[2].TryAcquire(ctxFor(t, 30*time.Second), name)
+	if err != nil {
+		t.Fatalf("TryAcquire after the cancelled Acquire and Release: %v (a lock was left behind)", err)
+	}
+	release(t, after)
+}
+
+func testTokens(t *testing.T, cfg *Config) {
+	ls := lockers(t, cfg, 2)
+	name := uniqueName(t)
+	var last int64
+	for i := 0; i < 6; i++ {
+		lease := mustAcquire(t, ls[i%2], name)
+		if tok := lease.Token(); tok <= last {
+			t.Errorf("acquisition %d: token %d, not greater than the previous %d", i, tok, last)
+		} else {
+			last = tok
+		}
+		release(t, lease)
+	}
+}
+
+func testNames(t *testing.T, cfg *Config) {
+	ls := lockers(t, cfg, 2)
+	ctx := ctxFor(t, time.Minute)
+	for _, bad := range []string{"", strings.Repeat("x", sqllock.MaxNameLen+1)} {
+		lease, err := ls[0].TryAcquire(ctx, bad)
+		if !errors.Is(err, sqllock.ErrInvalidName) || lease != nil {
+			t.Errorf("TryAcquire(%d-byte name) = %v, %v; want ErrInvalidName", len(bad), lease, err)
+		}
+		lease, err = ls[0].Acquire(ctx, bad)
+		if !errors.Is(err, sqllock.ErrInvalidName) || lease != nil {
+			t.Errorf("Acquire(%d-byte name) = %v, %v; want ErrInvalidName", len(bad), lease, err)
+		}
+	}
+	base := uniqueName(t)
+	long := base + "/" + strings.Repeat("L", 1024)
+	pairs := []struct{ a, b, why string }{
+		{base + "/Job", base + "/job", "case"},
+		{base + "/a", base + "/a ", "trailing space"},
+		{base + "/e", base + "/\u00e9", "accent"},
+		{base + "/\u00e9", base + "/e\u0301", "Unicode normalisation"},
+		{long + "1", long + "2", "1 KiB names that differ in the last byte"},
+		{base + "/nul\x00a", base + "/nul\x00b", "bytes after a NUL"},
+		{base + "/nul", base + "/nul\x00", "a trailing NUL"},
+		{base + "/\xff\xfe", base + "/\xff\xfd", "invalid UTF-8"},
+	}
+	for _, p := range pairs {
+		a, err := ls[0].TryAcquire(ctx, p.a)
+		if errors.Is(err, sqllock.ErrInvalidName) {
+			t.Logf("names differing by %s: %q rejected as invalid (allowed)", p.why, p.a)
+			continue
+		}
+		if err != nil {
+			t.Errorf("TryAcquire(%q): %v", p.a, err)
+			continue
+		}
+		if a.Name() != p.a {
+			t.Errorf("Name() = %q, want %q", a.Name(), p.a)
+		}
+		b, err := ls[1].TryAcquire(ctx, p.b)
+		switch {
+		case errors.Is(err, sqllock.ErrInvalidName):
+			t.Logf("names differing by %s: %q rejected as invalid (allowed)", p.why, p.b)
+		case err != nil:
+			t.Errorf("names differing by %s are the same lock: TryAcquire(%q) while %q is held: %v", p.why, p.b, p.a, err)
+		default:
+			// The lock really is held: a second holder of p.a is refused.
+			wantNotAcquired(t, ls[1], p.a, "on a name that is held ("+p.why+")")
+			release(t, b)
+		}
+		release(t, a)
+	}
+}
+
+func testDo(t *testing.T, cfg *Config) {
+	ls := lockers(t, cfg, 2)
+	name := uniqueName(t)
+	ran := false
+	err := sqllock.Do(ctxFor(t, 30*time.Second), ls[0], name, func(ctx context.Context) error {
+		ran = true
+		wantNotAcquired(t, ls[1], name, "while Do runs")
+		return nil
+	})
+	if err != nil || !ran {
+		t.Fatalf("Do = %v, ran %v", err, ran)
+	}
+	sentinel := errors.New("fn failed")
+	err = sqllock.Do(ctxFor(t, 30*time.Second), ls[1], name, func(ctx context.Context) error { return sentinel })
+	if !errors.Is(err, sentinel) {
+		t.Errorf("Do returned %v, want fn's error", err)
+	}
+	after, err := ls[0].TryAcquire(ctxFor(t, 30*time.Second), name)
+	if err != nil {
+		t.Fatalf("TryAcquire after Do: %v (Do did not release)", err)
+	}
+	release(t, after)
+}
