@@ -1,0 +1,413 @@
+package advisory
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/sqllock/sqllock"
+	"github.com/sqllock/sqllock/internal/fence"
+	"github.com/sqllock/sqllock/internal/namekey"
+	"github.com/sqllock/sqllock/internal/sqlerr"
+)
+
+const (
+	// DefaultKeepalive is how often a held lock's session is checked.
+	DefaultKeepalive = 5 * time.Second
+
+	// DefaultNamespace is mixed into the hash of a name on PostgreSQL. On MySQL the
+	// default namespace is the current database instead (GET_LOCK names are
+	// server-wide).
+	DefaultNamespace = "sqllock"
+
+	// minKeepalive is the shortest keepalive interval WithKeepalive accepts.
+	minKeepalive = 10 * time.Millisecond
+)
+
+// Option configures a Locker. Options are validated by New.
+type Option func(*config) error
+
+type config struct {
+	keepalive time.Duration
+	token     bool
+	logger    *slog.Logger
+	namespace string
+	nsSet     bool
+}
+
+// WithKeepalive sets how often the session of a held lock is checked (default
+// DefaultKeepalive). A lost session is reported within about one interval. Each
+// check is one small statement per held lock. It must be at least 10ms.
+func WithKeepalive(d time.Duration) Option {
+	return func(c *config) error {
+		if d < minKeepalive {
+			return fmt.Errorf("keepalive interval %v shorter than %v", d, minKeepalive)
+		}
+		c.keepalive = d
+		return nil
+	}
+}
+
+// WithoutToken skips the fencing token: Lease.Token returns 0 and Acquire saves the
+// round trip (and, on PostgreSQL, the commit) that bumps the per-name counter in
+// sqllock_fence. Use it when the protected resource does not check tokens.
+func WithoutToken() Option {
+	return func(c *config) error { c.token = false; return nil }
+}
+
+// WithLogger sets the logger for lost leases and failed releases (default: discard).
+func WithLogger(l *slog.Logger) Option {
+	return func(c *config) error {
+		if l == nil {
+			return errors.New("nil logger")
+		}
+		c.logger = l
+		return nil
+	}
+}
+
+// WithNamespace sets the namespace mixed into the hash of every name: Lockers with
+// different namespaces never exclude each other. The default is DefaultNamespace on
+// PostgreSQL and the current database (DATABASE()) on MySQL. Fencing tokens are
+// counted per name, whatever the namespace.
+func WithNamespace(ns string) Option {
+	return func(c *config) error {
+		if ns == "" {
+			return errors.New("empty namespace")
+		}
+		c.namespace, c.nsSet = ns, true
+		return nil
+	}
+}
+
+// Locker takes advisory locks on one database. It is safe for concurrent use. Its
+// Acquire and TryAcquire return a *Lease.
+type Locker struct {
+	db      *sql.DB
+	dialect sqllock.Dialect
+	cfg     config
+	shared  bool
+	st      *lockerState
+}
+
+// lockerState is shared by a Locker and its Shared view.
+type lockerState struct {
+	mu     sync.Mutex
+	owners map[holdKey]*ownerEntry
+
+	nsMu sync.Mutex
+	ns   string // resolved MySQL namespace, "" until known
+}
+
+var _ sqllock.Locker = (*Locker)(nil)
+
+// New returns a Locker of exclusive locks on db, whose server is of dialect d. It
+// sends no SQL.
+func New(db *sql.DB, d sqllock.Dialect, opts ...Option) (*Locker, error) {
+	if db == nil {
+		return nil, &sqllock.Error{Op: "new", Dialect: d, Kind: sqllock.ErrInvalidOption, Err: errors.New("nil *sql.DB")}
+	}
+	if !d.Valid() {
+		return nil, &sqllock.Error{Op: "new", Kind: sqllock.ErrInvalidOption, Err: fmt.Errorf("invalid dialect %v", d)}
+	}
+	cfg := config{keepalive: DefaultKeepalive, token: true, logger: slog.New(slog.DiscardHandler)}
+	for _, o := range opts {
+		if o == nil {
+			continue
+		}
+		if err := o(&cfg); err != nil {
+			return nil, &sqllock.Error{Op: "new", Dialect: d, Kind: sqllock.ErrInvalidOption, Err: err}
+		}
+	}
+	if d == sqllock.Postgres && !cfg.nsSet {
+		cfg.namespace = DefaultNamespace
+	}
+	st := &lockerState{owners: make(map[holdKey]*ownerEntry)}
+	if cfg.nsSet {
+		st.ns = cfg.namespace
+	}
+	return &Locker{db: db, dialect: d, cfg: cfg, st: st}, nil
+}
+
+// Shared returns a view of l that takes shared locks (pg_advisory_lock_shared): any
+// number of shared leases of a name are held at once, and none while an exclusive
+// lease of it is held. The view shares l's pool and options. MySQL has no shared
+// GET_LOCK: there Shared returns an error matching sqllock.ErrInvalidOption.
+func (l *Locker) Shared() (*Locker, error) {
+	if l.dialect != sqllock.Postgres {
+		return nil, &sqllock.Error{Op: "shared", Dialect: l.dialect, Kind: sqllock.ErrInvalidOption,
+			Err: errors.New("GET_LOCK has no shared mode")}
+	}
+	v := *l
+	v.shared = true
+	return &v, nil
+}
+
+// lockID identifies one server lock.
+type lockID struct {
+	name   string // for display and tokens
+	raw    bool   // PostgreSQL bigint key
+	k      int64  // raw key, or k1<<32|k2
+	myName string // GET_LOCK name
+}
+
+func (id lockID) mapKey() string {
+	if id.raw {
+		return "k" + strconv.FormatInt(id.k, 10)
+	}
+	return "n" + id.name
+}
+
+func (id lockID) pgArgs() []any {
+	if id.raw {
+		return []any{id.k}
+	}
+	return []any{int32(id.k >> 32), int32(id.k)}
+}
+
+// PostgresKeys returns the two int4 keys of name on PostgreSQL, as they appear in
+// pg_locks (classid, objid; objsubid = 2).
+func (l *Locker) PostgresKeys(name string) (k1, k2 int32) {
+	k := namekey.Int64(l.cfg.namespace, name)
+	return int32(k >> 32), int32(k)
+}
+
+// MySQLLockName returns the GET_LOCK name of name on MySQL, as IS_USED_LOCK and
+// performance_schema.metadata_locks show it. It may read DATABASE() once.
+func (l *Locker) MySQLLockName(ctx context.Context, name string) (string, error) {
+	ns, err := l.mysqlNamespace(ctx, l.db)
+	if err != nil {
+		return "", err
+	}
+	return mysqlLockName(ns, name), nil
+}
+
+func mysqlLockName(ns, name string) string { return "sqllock:" + namekey.Hex(ns, name, 56) }
+
+type queryer interface {
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+func (l *Locker) mysqlNamespace(ctx context.Context, q queryer) (string, error) {
+	l.st.nsMu.Lock()
+	defer l.st.nsMu.Unlock()
+	if l.st.ns != "" {
+		return l.st.ns, nil
+	}
+	var db sql.NullString
+	if err := q.QueryRowContext(ctx, "SELECT DATABASE()").Scan(&db); err != nil {
+		return "", err
+	}
+	if !db.Valid || db.String == "" {
+		return "", errors.New("no current database: set one in the DSN or use WithNamespace")
+	}
+	l.st.ns = db.String
+	return l.st.ns, nil
+}
+
+func (l *Locker) nameID(name string) lockID {
+	id := lockID{name: name}
+	if l.dialect == sqllock.Postgres {
+		id.k = namekey.Int64(l.cfg.namespace, name)
+	}
+	return id
+}
+
+// Acquire waits until the lock name is held or ctx ends, and returns a *Lease. See
+// sqllock.Locker. Acquire accepts sqllock.WithOwner (reentrant holds of one owner key
+// on this Locker) and rejects sqllock.WithTTL (a session lock has no lease time).
+func (l *Locker) Acquire(ctx context.Context, name string, opts ...sqllock.AcquireOption) (sqllock.Lease, error) {
+	return l.acquireName(ctx, "acquire", name, true, opts)
+}
+
+// TryAcquire makes one attempt to take the lock name, and returns an error matching
+// sqllock.ErrNotAcquired at once if it is held by another session (including another
+// Lease of this Locker, unless both use the same sqllock.WithOwner key).
+func (l *Locker) TryAcquire(ctx context.Context, name string, opts ...sqllock.AcquireOption) (sqllock.Lease, error) {
+	return l.acquireName(ctx, "try-acquire", name, false, opts)
+}
+
+// AcquireKey is Acquire on a raw PostgreSQL bigint advisory key: the lock that
+// pg_advisory_lock(key) takes, shared with any other code using that key. The
+// lease's Name is "pg_advisory_lock(<key>)", which also names its fencing counter.
+// On MySQL it returns an error matching sqllock.ErrInvalidOption.
+func (l *Locker) AcquireKey(ctx context.Context, key int64, opts ...sqllock.AcquireOption) (sqllock.Lease, error) {
+	return l.acquireKey(ctx, "acquire", key, true, opts)
+}
+
+// TryAcquireKey is TryAcquire on a raw PostgreSQL bigint advisory key (see AcquireKey).
+func (l *Locker) TryAcquireKey(ctx context.Context, key int64, opts ...sqllock.AcquireOption) (sqllock.Lease, error) {
+	return l.acquireKey(ctx, "try-acquire", key, false, opts)
+}
+
+func (l *Locker) acquireName(ctx context.Context, op, name string, wait bool, opts []sqllock.AcquireOption) (sqllock.Lease, error) {
+	if err := sqllock.ValidateName(name); err != nil {
+		return nil, err
+	}
+	return l.acquire(ctx, op, l.nameID(name), wait, opts)
+}
+
+func (l *Locker) acquireKey(ctx context.Context, op string, key int64, wait bool, opts []sqllock.AcquireOption) (sqllock.Lease, error) {
+	if l.dialect != sqllock.Postgres {
+		return nil, &sqllock.Error{Op: op, Dialect: l.dialect, Kind: sqllock.ErrInvalidOption,
+			Err: errors.New("raw int64 keys exist on PostgreSQL only")}
+	}
+	id := lockID{name: "pg_advisory_lock(" + strconv.FormatInt(key, 10) + ")", raw: true, k: key}
+	return l.acquire(ctx, op, id, wait, opts)
+}
+
+func (l *Locker) errorf(op string, id lockID, kind, err error) error {
+	return &sqllock.Error{Op: op, Dialect: l.dialect, Name: id.name, Kind: kind, Err: err}
+}
+
+func (l *Locker) acquire(ctx context.Context, op string, id lockID, wait bool, opts []sqllock.AcquireOption) (sqllock.Lease, error) {
+	ac, err := sqllock.ApplyAcquireOptions(opts)
+	if err != nil {
+		var se *sqllock.Error
+		if errors.As(err, &se) {
+			se.Op, se.Dialect, se.Name = op, l.dialect, id.name
+		}
+		return nil, err
+	}
+	if ac.TTL != 0 {
+		return nil, l.errorf(op, id, sqllock.ErrInvalidOption, errors.New("WithTTL: an advisory lock is held while its session lives, not for a TTL"))
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, l.errorf(op, id, sqllock.ErrNotAcquired, err)
+	}
+	if ac.Owner == "" {
+		le, err := l.lock(ctx, op, id, wait)
+		if err != nil {
+			return nil, err
+		}
+		return le, nil
+	}
+
+	k := holdKey{shared: l.shared, id: id.mapKey(), owner: ac.Owner}
+	for {
+		l.st.mu.Lock()
+		e := l.st.owners[k]
+		if e == nil {
+			e = &ownerEntry{ready: make(chan struct{})}
+			l.st.owners[k] = e
+			l.st.mu.Unlock()
+			le, err := l.lock(ctx, op, id, wait)
+			l.st.mu.Lock()
+			if err != nil {
+				delete(l.st.owners, k)
+			} else {
+				e.s = le.s
+				le.s.owner, le.s.ownerEntry = k, e
+			}
+			close(e.ready)
+			l.st.mu.Unlock()
+			if err != nil {
+				return nil, err
+			}
+			return le, nil
+		}
+		l.st.mu.Unlock()
+		select {
+		case <-e.ready:
+		case <-ctx.Done():
+			return nil, l.errorf(op, id, sqllock.ErrNotAcquired, ctx.Err())
+		}
+		if e.s != nil {
+			if lease := e.s.addHold(); lease != nil {
+				return lease, nil
+			}
+		}
+		// The owner's session ended meanwhile: wait for its entry to go, and retry.
+		l.st.mu.Lock()
+		if l.st.owners[k] == e && e.s != nil && e.s.isEnded() {
+			delete(l.st.owners, k)
+		}
+		l.st.mu.Unlock()
+	}
+}
+
+type holdKey struct {
+	shared bool
+	id     string
+	owner  string
+}
+
+type ownerEntry struct {
+	ready chan struct{} // closed once s is set or the acquisition failed
+	s     *session
+}
+
+// lock pins a connection, takes the server lock on it and bumps the token.
+func (l *Locker) lock(ctx context.Context, op string, id lockID, wait bool) (*Lease, error) {
+	conn, err := l.db.Conn(ctx)
+	if err != nil {
+		if cerr := ctx.Err(); cerr != nil {
+			return nil, l.errorf(op, id, sqllock.ErrNotAcquired, cerr)
+		}
+		return nil, l.errorf(op, id, nil, err)
+	}
+	var (
+		sid   int64
+		ok    bool
+		dirty bool // the session may hold the lock in an unknown state: discard it
+	)
+	if l.dialect == sqllock.Postgres {
+		sid, ok, dirty, err = l.pgLock(ctx, conn, id, wait)
+	} else {
+		if id.myName == "" {
+			var ns string
+			ns, err = l.mysqlNamespace(ctx, conn)
+			if err != nil {
+				dirty = true
+			}
+			id.myName = mysqlLockName(ns, id.name)
+		}
+		if err == nil {
+			sid, ok, dirty, err = l.myLock(ctx, conn, id, wait)
+		}
+	}
+	if err == nil && ok && ctx.Err() != nil {
+		dirty = true // granted as ctx ended: give it up with the session
+	}
+	if err != nil || !ok || dirty {
+		if dirty || err != nil {
+			discard(conn)
+		} else {
+			conn.Close()
+		}
+		if cerr := ctx.Err(); cerr != nil {
+			return nil, l.errorf(op, id, sqllock.ErrNotAcquired, cerr)
+		}
+		if err != nil {
+			if sqlerr.Transient(err) || sqlerr.Is(err, sqlerr.Canceled) {
+				return nil, l.errorf(op, id, sqllock.ErrNotAcquired, err)
+			}
+			return nil, l.errorf(op, id, nil, err)
+		}
+		return nil, l.errorf(op, id, sqllock.ErrNotAcquired, nil)
+	}
+	var tok int64
+	if l.cfg.token {
+		tok, err = fence.Next(ctx, conn, l.dialect, id.name)
+		if err != nil {
+			discard(conn)
+			if cerr := ctx.Err(); cerr != nil {
+				return nil, l.errorf(op, id, sqllock.ErrNotAcquired, cerr)
+			}
+			return nil, l.errorf(op, id, nil, fmt.Errorf("fencing token: %w", err))
+		}
+	}
+	return l.startSession(conn, id, sid, tok), nil
+}
+
+// discard closes conn's session instead of returning it to the pool: the server
+// drops every lock the session held.
+func discard(conn *sql.Conn) {
+	_ = conn.Raw(func(any) error { return errBadConn })
+	conn.Close()
+}
