@@ -1,0 +1,216 @@
+// Package reaper deletes what dead lock holders left behind: expired lease rows of the
+// uniqueindex strategy, and whatever later strategies register as a Sweeper (the fair
+// queue's dead waiters).
+//
+// A Reaper runs on a robfig/cron/v3 schedule, or by hand with RunOnce. Each Sweeper
+// deletes in bounded batches, every batch in its own short statement, so the reaper
+// never holds many row locks or a long transaction. It is safe to run on every node
+// at once: batches skip (PostgreSQL, SKIP LOCKED) or briefly wait for (MySQL) rows
+// another reaper is deleting, and a row is deleted only if it is still expired by the
+// database clock when its lock is taken. The reaper is an optimisation of storage,
+// not of availability: acquirers take expired rows over without it. Fencing tokens are
+// kept in sqllock_fence, which is never swept, so they keep increasing across sweeps.
+package reaper
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/robfig/cron/v3"
+
+	"github.com/sqllock/sqllock"
+	"github.com/sqllock/sqllock/internal/sqlerr"
+	"github.com/sqllock/sqllock/uniqueindex"
+)
+
+// Defaults of the options.
+const (
+	// DefaultSchedule runs the reaper every minute.
+	DefaultSchedule = "@every 1m"
+	// DefaultBatchSize is the largest number of rows one batch deletes.
+	DefaultBatchSize = 1000
+	// DefaultGrace is how long past its expiry a row is kept (for operators).
+	DefaultGrace = time.Minute
+	// DefaultMaxBatches bounds the batches of one Sweeper in one run.
+	DefaultMaxBatches = 1000
+)
+
+// Sweeper deletes one kind of dead rows. SweepBatch deletes at most limit of them in
+// one short statement or transaction and returns how many it deleted; the reaper
+// calls it again while it returns limit. Implementations must be safe when many
+// reapers call them at once.
+type Sweeper interface {
+	Name() string
+	SweepBatch(ctx context.Context, limit int) (int, error)
+}
+
+// Report is what one run removed.
+type Report struct {
+	Deleted  map[string]int // rows deleted, by Sweeper name
+	Batches  int            // batches sent
+	Duration time.Duration
+}
+
+// Option configures a Reaper.
+type Option func(*config)
+
+type config struct {
+	schedule          string
+	batch, maxBatches int
+	grace             time.Duration
+	sweepers          []Sweeper
+	logger            *slog.Logger
+}
+
+// WithSchedule sets the cron schedule (DefaultSchedule), in the syntax of
+// robfig/cron/v3's standard parser: five fields, or descriptors such as "@every 30s".
+func WithSchedule(spec string) Option { return func(c *config) { c.schedule = spec } }
+
+// WithBatchSize sets the rows per batch (DefaultBatchSize).
+func WithBatchSize(n int) Option { return func(c *config) { c.batch = n } }
+
+// WithMaxBatches bounds the batches of one Sweeper per run (DefaultMaxBatches).
+func WithMaxBatches(n int) Option { return func(c *config) { c.maxBatches = n } }
+
+// WithGrace keeps lease rows for d past their expiry (DefaultGrace).
+func WithGrace(d time.Duration) Option { return func(c *config) { c.grace = d } }
+
+// WithSweepers adds sweepers, run after the lease table's.
+func WithSweepers(s ...Sweeper) Option {
+	return func(c *config) { c.sweepers = append(c.sweepers, s...) }
+}
+
+// WithLogger sets the logger of the counts (default slog.Default()).
+func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
+
+// Reaper deletes expired rows on a schedule. Its methods are safe for concurrent use.
+type Reaper struct {
+	cfg      config
+	sweepers []Sweeper
+	dialect  sqllock.Dialect
+
+	mu      sync.Mutex
+	cron    *cron.Cron
+	cancel  context.CancelFunc
+	runCtx  context.Context
+	running sync.Mutex // one run at a time in this process
+}
+
+// New returns a Reaper of the lease table of db (see uniqueindex.NewSweeper) plus the
+// sweepers given with WithSweepers. It returns an error matching
+// sqllock.ErrInvalidOption for a bad option.
+func New(db *sql.DB, d sqllock.Dialect, opts ...Option) (*Reaper, error) {
+	cfg := config{schedule: DefaultSchedule, batch: DefaultBatchSize, maxBatches: DefaultMaxBatches, grace: DefaultGrace}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	bad := func(format string, a ...any) (*Reaper, error) {
+		return nil, &sqllock.Error{Op: "reaper", Dialect: d, Kind: sqllock.ErrInvalidOption, Err: fmt.Errorf(format, a...)}
+	}
+	if cfg.batch <= 0 || cfg.maxBatches <= 0 {
+		return bad("batch size %d and max batches %d must be positive", cfg.batch, cfg.maxBatches)
+	}
+	if cfg.grace < 0 {
+		return bad("grace %v is negative", cfg.grace)
+	}
+	if _, err := cron.ParseStandard(cfg.schedule); err != nil {
+		return bad("schedule %q: %v", cfg.schedule, err)
+	}
+	if cfg.logger == nil {
+		cfg.logger = slog.Default()
+	}
+	lease, err := uniqueindex.NewSweeper(db, d, cfg.grace)
+	if err != nil {
+		return nil, err
+	}
+	return &Reaper{cfg: cfg, dialect: d, sweepers: append([]Sweeper{lease}, cfg.sweepers...)}, nil
+}
+
+// Start runs the reaper on its schedule in the background until Stop. A run that is
+// still going when the next is due makes that one skip. Calling Start twice does
+// nothing.
+func (r *Reaper) Start() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.cron != nil {
+		return
+	}
+	r.runCtx, r.cancel = context.WithCancel(context.Background())
+	ctx := r.runCtx
+	c := cron.New(cron.WithChain(cron.SkipIfStillRunning(cron.DiscardLogger)))
+	c.AddFunc(r.cfg.schedule, func() {
+		if _, err := r.RunOnce(ctx); err != nil && ctx.Err() == nil {
+			r.cfg.logger.Warn("sqllock/reaper: run failed", "err", err)
+		}
+	})
+	c.Start()
+	r.cron = c
+}
+
+// Stop stops the schedule, cancels a run in progress and waits for it to end, or for
+// ctx. It is safe to call without Start and more than once.
+func (r *Reaper) Stop(ctx context.Context) error {
+	r.mu.Lock()
+	c, cancel := r.cron, r.cancel
+	r.cron, r.cancel = nil, nil
+	r.mu.Unlock()
+	if c == nil {
+		return nil
+	}
+	cancel()
+	select {
+	case <-c.Stop().Done():
+		return nil
+	case <-ctx.Done():
+		return &sqllock.Error{Op: "reaper-stop", Dialect: r.dialect, Err: ctx.Err()}
+	}
+}
+
+// RunOnce runs every Sweeper now, batch after batch, until a batch deletes fewer rows
+// than the batch size, the maximum number of batches is reached or ctx ends. Deadlocks
+// and lock wait timeouts between concurrent reapers end that Sweeper's turn without
+// an error (the next run goes on). It logs and returns the counts.
+func (r *Reaper) RunOnce(ctx context.Context) (Report, error) {
+	r.running.Lock()
+	defer r.running.Unlock()
+	start := time.Now()
+	rep := Report{Deleted: map[string]int{}}
+	var errs []error
+	for _, s := range r.sweepers {
+		for b := 0; b < r.cfg.maxBatches; b++ {
+			if err := ctx.Err(); err != nil {
+				errs = append(errs, err)
+				break
+			}
+			n, err := s.SweepBatch(ctx, r.cfg.batch)
+			rep.Batches++
+			rep.Deleted[s.Name()] += n
+			if err != nil {
+				if !sqlerr.Transient(err) {
+					errs = append(errs, fmt.Errorf("%s: %w", s.Name(), err))
+				}
+				break
+			}
+			if n < r.cfg.batch {
+				break
+			}
+		}
+	}
+	rep.Duration = time.Since(start)
+	args := []any{"batches", rep.Batches, "duration", rep.Duration}
+	for name, n := range rep.Deleted {
+		args = append(args, name, n)
+	}
+	r.cfg.logger.Info("sqllock/reaper: swept", args...)
+	if len(errs) > 0 {
+		return rep, &sqllock.Error{Op: "reaper", Dialect: r.dialect, Err: errors.Join(errs...)}
+	}
+	return rep, nil
+}
+
+var _ Sweeper = (*uniqueindex.Sweeper)(nil)

@@ -1,0 +1,62 @@
+package uniqueindex_test
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"log"
+	"os"
+	"time"
+
+	_ "github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/sqllock/sqllock"
+	"github.com/sqllock/sqllock/migrations"
+	"github.com/sqllock/sqllock/uniqueindex"
+)
+
+// Acquire a lease, fence a business write with it, and release it.
+func Example() {
+	dsn := os.Getenv("SQLLOCK_TEST_POSTGRES_DSN") // postgres://...
+	if dsn == "" {
+		fmt.Println("token > 0: true")
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	db, err := sql.Open("pgx", dsn)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer db.Close()
+	if err := migrations.Up(ctx, db, sqllock.Postgres); err != nil {
+		log.Fatal(err)
+	}
+	locker, err := uniqueindex.New(db, sqllock.Postgres, uniqueindex.WithTTL(30*time.Second))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer locker.Close()
+
+	lease, err := locker.Acquire(ctx, "example/nightly-report")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer lease.Release(ctx)
+
+	// The business write commits only if the lease is still the current holder.
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer tx.Rollback()
+	if err := lease.(*uniqueindex.Lease).Check(ctx, tx); err != nil {
+		log.Fatal(err) // matches sqllock.ErrLost
+	}
+	// ... tx.ExecContext(ctx, "UPDATE reports SET ... WHERE fence_token < $1", lease.Token()) ...
+	if err := tx.Commit(); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("token > 0:", lease.Token() > 0)
+	// Output: token > 0: true
+}

@@ -1,0 +1,73 @@
+package uniqueindex
+
+import (
+	"context"
+	"database/sql"
+	"os"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/sqllock/sqllock"
+	"github.com/sqllock/sqllock/locktest"
+	"github.com/sqllock/sqllock/testdb"
+)
+
+func TestMain(m *testing.M) {
+	if os.Getenv(helperEnv) != "" {
+		os.Exit(m.Run())
+	}
+	code := testdb.Main(m)
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			os.Stderr.WriteString("goleak: " + err.Error() + "\n")
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// newLocker returns a Locker on db closed at the end of the test.
+func newLocker(t testing.TB, db *sql.DB, d sqllock.Dialect, opts ...Option) *Locker {
+	t.Helper()
+	l, err := New(db, d, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return l
+}
+
+// deleteRow deletes the lease row of name from outside.
+func deleteRow(t testing.TB, admin *sql.DB, d sqllock.Dialect, name string) {
+	t.Helper()
+	q := "DELETE FROM sqllock_lease WHERE name = ?"
+	if d == sqllock.Postgres {
+		q = "DELETE FROM sqllock_lease WHERE name = $1"
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	res, err := admin.ExecContext(ctx, q, []byte(name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := res.RowsAffected(); n != 1 {
+		t.Fatalf("deleted %d lease rows of %q, want 1", n, name)
+	}
+}
+
+func TestLocktest(t *testing.T) {
+	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
+		locktest.Run(t, locktest.Config{
+			Dialect: d,
+			New: func(t testing.TB, db *sql.DB) sqllock.Locker {
+				// A short TTL makes the Loss case fast: loss shows within 1s.
+				return newLocker(t, db, d, WithTTL(3*time.Second))
+			},
+			Lose: func(t testing.TB, admin *sql.DB, lease sqllock.Lease) {
+				deleteRow(t, admin, d, lease.Name())
+			},
+		})
+	})
+}

@@ -1,0 +1,104 @@
+package uniqueindex
+
+// SQL of both dialects. Every time is the database's: clock_timestamp() on PostgreSQL
+// (not now(), which is the start of the transaction), UTC_TIMESTAMP(6) on MySQL. The
+// client only sends durations in microseconds.
+
+// channel is the PostgreSQL notification channel a release notifies; the payload is
+// the hex lock key.
+const channel = "sqllock_lease"
+
+const (
+	// acquirePostgres is one attempt in one statement. The CTE f increments the
+	// fencing counter of the name in sqllock_fence and keeps that row locked until the
+	// statement commits, so attempts on one name are serialised and the token order is
+	// the commit order. The lease row is inserted, or taken over if it has expired by
+	// the database clock, or re-entered ($5) by the same owner. A failed attempt
+	// returns the holder's remaining time in microseconds (a hint for the waiter).
+	//
+	// $1 key, $2 name, $3 owner, $4 TTL µs, $5 reentrant, $6 host, $7 pid.
+	acquirePostgres = `WITH f AS (
+  INSERT INTO sqllock_fence AS f (lock_key, name, token) VALUES ($1, $2, 1)
+  ON CONFLICT (lock_key) DO UPDATE SET token = f.token + 1
+  RETURNING token
+), ins AS (
+  INSERT INTO sqllock_lease AS l (lock_key, name, owner, holds, token, acquired_at, expires_at, host, pid)
+  SELECT $1, $2, $3, 1, f.token, clock_timestamp(), clock_timestamp() + $4::bigint * interval '1 microsecond', $6, $7 FROM f
+  ON CONFLICT (lock_key) DO UPDATE SET
+    holds       = CASE WHEN l.expires_at <= clock_timestamp() THEN 1 ELSE l.holds + 1 END,
+    token       = CASE WHEN l.expires_at <= clock_timestamp() THEN excluded.token ELSE l.token END,
+    acquired_at = CASE WHEN l.expires_at <= clock_timestamp() THEN excluded.acquired_at ELSE l.acquired_at END,
+    owner       = excluded.owner,
+    host        = excluded.host,
+    pid         = excluded.pid,
+    expires_at  = GREATEST(l.expires_at, excluded.expires_at)
+  WHERE l.expires_at <= clock_timestamp() OR ($5::boolean AND l.owner = excluded.owner)
+  RETURNING l.token, l.holds
+)
+SELECT token, holds, 0::bigint FROM ins
+UNION ALL
+SELECT 0, 0, GREATEST(0, floor(extract(epoch FROM (expires_at - clock_timestamp())) * 1000000))::bigint
+  FROM sqllock_lease WHERE lock_key = $1 AND NOT EXISTS (SELECT 1 FROM ins)`
+
+	// acquireMySQL is the second statement of an attempt, after fence.Next returned
+	// token T. It inserts (or takes over an expired row, or re-enters) only if the
+	// fencing counter is still T, read with a locking read (the latest committed value,
+	// whatever the isolation level) that keeps the counter row locked until the
+	// statement commits: an attempt that was overtaken by a later increment inserts
+	// nothing and retries, so tokens cannot go backwards. In ON DUPLICATE KEY UPDATE
+	// the assignments run left to right and see the new values of earlier columns, so
+	// holds is computed first and expires_at, which the condition reads, last.
+	// UTC_TIMESTAMP(6) is constant within a statement. LAST_INSERT_ID(expr) returns the
+	// row's token through the OK packet.
+	//
+	// ? owner, TTL µs, host, pid, key, T, reentrant, reentrant.
+	acquireMySQL = `INSERT INTO sqllock_lease (lock_key, name, owner, holds, token, acquired_at, expires_at, host, pid)
+SELECT f.lock_key, f.name, ?, 1, f.token, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, ?, ?
+  FROM sqllock_fence f WHERE f.lock_key = ? AND f.token = ? FOR UPDATE
+ON DUPLICATE KEY UPDATE
+  sqllock_lease.holds       = IF(sqllock_lease.expires_at <= UTC_TIMESTAMP(6), 1, IF(? AND sqllock_lease.owner = VALUES(owner), sqllock_lease.holds + 1, sqllock_lease.holds)),
+  sqllock_lease.token       = LAST_INSERT_ID(IF(sqllock_lease.expires_at <= UTC_TIMESTAMP(6), VALUES(token), sqllock_lease.token)),
+  sqllock_lease.acquired_at = IF(sqllock_lease.expires_at <= UTC_TIMESTAMP(6), VALUES(acquired_at), sqllock_lease.acquired_at),
+  sqllock_lease.host        = IF(sqllock_lease.expires_at <= UTC_TIMESTAMP(6), VALUES(host), sqllock_lease.host),
+  sqllock_lease.pid         = IF(sqllock_lease.expires_at <= UTC_TIMESTAMP(6), VALUES(pid), sqllock_lease.pid),
+  sqllock_lease.owner       = IF(sqllock_lease.expires_at <= UTC_TIMESTAMP(6), VALUES(owner), sqllock_lease.owner),
+  sqllock_lease.expires_at  = IF(sqllock_lease.expires_at <= UTC_TIMESTAMP(6) OR (? AND sqllock_lease.owner = VALUES(owner)),
+                   GREATEST(sqllock_lease.expires_at, VALUES(expires_at)), sqllock_lease.expires_at)`
+
+	// fenceNextMySQL is internal/fence's increment (same SQL), prepared by the Locker.
+	fenceNextMySQL = `INSERT INTO sqllock_fence (lock_key, name, token) VALUES (?, ?, 1)
+ON DUPLICATE KEY UPDATE token = LAST_INSERT_ID(token + 1)`
+
+	// renew extends the lease if the row is still this lease's (key, owner, token).
+	renewPostgres = `UPDATE sqllock_lease SET expires_at = GREATEST(expires_at, clock_timestamp() + $4::bigint * interval '1 microsecond')
+WHERE lock_key = $1 AND owner = $2 AND token = $3`
+	// GREATEST(expires_at + 1µs, ...) makes the row change, so that affected rows is 1
+	// even within one microsecond (the MySQL driver reports changed rows).
+	renewMySQL = `UPDATE sqllock_lease SET expires_at = GREATEST(expires_at + INTERVAL 1 MICROSECOND, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)
+WHERE lock_key = ? AND owner = ? AND token = ?`
+
+	// release deletes the row of the last hold; on PostgreSQL it notifies waiters in
+	// the same statement (delivered at commit).
+	releasePostgres = `WITH d AS (DELETE FROM sqllock_lease WHERE lock_key = $1 AND owner = $2 AND token = $3 AND holds <= 1 RETURNING lock_key)
+SELECT count(*), string_agg(pg_notify('` + channel + `', encode(lock_key, 'hex'))::text, '') FROM d`
+	releaseMySQL = `DELETE FROM sqllock_lease WHERE lock_key = ? AND owner = ? AND token = ? AND holds <= 1`
+
+	// unhold gives one hold of a re-entered lease back.
+	unholdPostgres = `UPDATE sqllock_lease SET holds = holds - 1 WHERE lock_key = $1 AND owner = $2 AND token = $3 AND holds > 1`
+	unholdMySQL    = `UPDATE sqllock_lease SET holds = holds - 1 WHERE lock_key = ? AND owner = ? AND token = ? AND holds > 1`
+
+	// check is the fencing check, run in the caller's transaction: the row must still
+	// be this lease's and unexpired, and a share lock keeps it so (no renewal, release
+	// or takeover can change it) until that transaction ends.
+	checkPostgres = `SELECT 1 FROM sqllock_lease WHERE lock_key = $1 AND owner = $2 AND token = $3 AND expires_at > clock_timestamp() FOR SHARE`
+	checkMySQL    = `SELECT 1 FROM sqllock_lease WHERE lock_key = ? AND owner = ? AND token = ? AND expires_at > UTC_TIMESTAMP(6) LOCK IN SHARE MODE`
+
+	// sweep deletes at most $2 rows that expired more than $1 µs ago, oldest first.
+	// SKIP LOCKED lets reapers on every node run at once without waiting on each
+	// other; the outer condition re-checks expiry on the locked row.
+	sweepPostgres = `DELETE FROM sqllock_lease WHERE lock_key IN (
+  SELECT lock_key FROM sqllock_lease WHERE expires_at < clock_timestamp() - $1::bigint * interval '1 microsecond'
+  ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED)
+AND expires_at < clock_timestamp() - $1::bigint * interval '1 microsecond'`
+	sweepMySQL = `DELETE FROM sqllock_lease WHERE expires_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND ORDER BY expires_at LIMIT ?`
+)

@@ -1,0 +1,583 @@
+// Package uniqueindex is a lease lock held as a row under a unique key: acquiring
+// inserts the row of the lock name into sqllock_lease (migration 0002), releasing
+// deletes it.
+//
+// # Leases
+//
+// A row carries an owner, a fencing token, a hold count and an expiry computed on the
+// database clock (clock_timestamp() on PostgreSQL, UTC_TIMESTAMP(6) on MySQL; the
+// client clock is never compared with the server's). A row whose lease has expired is
+// taken over atomically by the next attempt, so availability never waits for the
+// reaper. While a Lease is held, a watchdog goroutine renews it every RenewInterval
+// (default TTL/3). If a renewal finds the row deleted or taken over, or if no renewal
+// succeeded for TTL minus a safety margin (TTL/5) measured on the client's monotonic
+// clock from the start of the last successful renewal, the lease closes Done and Err
+// reports ErrLost. The server sets the expiry after it received the renewal, so the
+// client gives the lease up before the database lets another client take it over.
+// Transient renewal errors (a failover, a restart, a cut connection) are retried until
+// that deadline.
+//
+// # Fencing tokens
+//
+// Tokens come from the per-name counter in sqllock_fence (migration 0001), which
+// neither Release nor the reaper ever deletes and which is committed with the grant:
+//
+//   - PostgreSQL: one statement increments the counter (INSERT ... ON CONFLICT DO
+//     UPDATE, keeping the counter row locked until commit, so attempts on a name are
+//     serialised) and inserts or takes over the lease row with the new value.
+//   - MySQL: fence.Next increments the counter, then the lease row is written by an
+//     INSERT ... SELECT that reads the counter with a locking read (the latest
+//     committed value, whatever the isolation level) and inserts nothing if another
+//     attempt incremented it in between; that attempt is simply retried.
+//
+// So a token is strictly greater than every token granted before it for that name,
+// also after the row was deleted, after a reaper sweep and after a database restart
+// (committed rows survive it). Failed attempts consume values: tokens increase but
+// are not consecutive. Lease.Check verifies, inside the caller's own transaction, that
+// a lease is still the current holder.
+//
+// # Owners and reentrancy
+//
+// Each Locker has a random owner identity; host and pid are stored for operators. An
+// acquisition with sqllock.WithOwner is reentrant: the same owner key re-acquiring a
+// lock it holds increments the hold count and gets the same token, and the lock is
+// free when every acquisition was released.
+//
+// # Waiting
+//
+// Acquire waits without holding a pooled connection. Goroutines of one Locker that
+// wait for the same name queue in FIFO order in the process and only the first one
+// sends attempts, so inside a process the lock is handed on in order with one
+// statement (two on MySQL) and no herd. On PostgreSQL a release sends a NOTIFY in its
+// DELETE statement; one shared LISTEN connection per Locker (outside the pool, opened
+// when a waiter first has to wait, closed by Close) wakes the first waiter of each
+// Locker, and a fallback poll (at most PollInterval, or at the holder's expiry as
+// computed by the database) covers lost notifications and dead holders. On MySQL
+// waiters back off exponentially with jitter, capped at PollInterval.
+//
+// # Cost
+//
+// Uncontended, Acquire+Release is two statements on PostgreSQL and three on MySQL
+// (fence increment, insert, delete; prepared once per Locker, so each is one round
+// trip with go-sql-driver's default settings). A renewal is one UPDATE per lease
+// every RenewInterval.
+package uniqueindex
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/sqllock/sqllock"
+	"github.com/sqllock/sqllock/internal/backoff"
+	"github.com/sqllock/sqllock/internal/namekey"
+	"github.com/sqllock/sqllock/internal/sqlerr"
+)
+
+// Defaults of the options.
+const (
+	// DefaultTTL is the lease time: a holder that stops renewing loses the lock after it.
+	DefaultTTL = 30 * time.Second
+	// DefaultPollInterval caps the time a waiter sleeps between attempts.
+	DefaultPollInterval = 2 * time.Second
+	// DefaultAttemptTimeout bounds one attempt or one renewal statement.
+	DefaultAttemptTimeout = 10 * time.Second
+)
+
+// maxTransient is how many transient errors in a row (deadlock, serialization
+// failure, duplicate key) TryAcquire absorbs before it reports ErrNotAcquired.
+const maxTransient = 5
+
+// Option configures a Locker.
+type Option func(*config)
+
+type config struct {
+	ttl, renew, poll, attempt time.Duration
+	logger                    *slog.Logger
+}
+
+// WithTTL sets the default lease time (DefaultTTL). It must be at least twice the
+// renewal interval.
+func WithTTL(d time.Duration) Option { return func(c *config) { c.ttl = d } }
+
+// WithRenewInterval sets how often the watchdog renews a lease (default TTL/3). It
+// must be positive and at most half the TTL.
+func WithRenewInterval(d time.Duration) Option { return func(c *config) { c.renew = d } }
+
+// WithPollInterval caps the sleep of a waiter between two attempts
+// (DefaultPollInterval).
+func WithPollInterval(d time.Duration) Option { return func(c *config) { c.poll = d } }
+
+// WithAttemptTimeout bounds each statement the Locker sends
+// (DefaultAttemptTimeout).
+func WithAttemptTimeout(d time.Duration) Option { return func(c *config) { c.attempt = d } }
+
+// WithLogger sets the logger of lease losses and listener errors (default
+// slog.Default()).
+func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
+
+// Locker acquires uniqueindex leases. It is safe for concurrent use. Close it when
+// done: it stops the PostgreSQL listener. Leases stay valid after Close until they are
+// released.
+type Locker struct {
+	db      *sql.DB
+	dialect sqllock.Dialect
+	cfg     config
+	owner   []byte // default owner: 'L' + random bytes
+	host    string
+	pid     int64
+	now     func() time.Time // monotonic durations only; injectable for tests
+
+	mu      sync.Mutex
+	queues  map[string]*queue                 // by key: in-process FIFO of waiters
+	waiters map[string]map[chan struct{}]bool // by key: wake channels
+	lis     *listener
+	closed  bool
+
+	stmtMu sync.RWMutex
+	stmts  map[string]*sql.Stmt // MySQL: prepared once, reused on every connection
+	noPrep bool                 // after Close, or if preparing failed
+}
+
+// New returns a Locker on db, which must have been migrated (migrations.Up). It
+// returns an error matching sqllock.ErrInvalidOption for an invalid dialect or option.
+func New(db *sql.DB, d sqllock.Dialect, opts ...Option) (*Locker, error) {
+	cfg := config{ttl: DefaultTTL, poll: DefaultPollInterval, attempt: DefaultAttemptTimeout}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	bad := func(format string, a ...any) (*Locker, error) {
+		return nil, &sqllock.Error{Op: "new", Dialect: d, Kind: sqllock.ErrInvalidOption, Err: fmt.Errorf(format, a...)}
+	}
+	switch {
+	case db == nil:
+		return bad("nil *sql.DB")
+	case !d.Valid():
+		return bad("unknown dialect %v", d)
+	case cfg.ttl <= 0:
+		return bad("TTL %v is not positive", cfg.ttl)
+	case cfg.renew < 0:
+		return bad("renewal interval %v is negative", cfg.renew)
+	case cfg.poll <= 0:
+		return bad("poll interval %v is not positive", cfg.poll)
+	case cfg.attempt <= 0:
+		return bad("attempt timeout %v is not positive", cfg.attempt)
+	}
+	if cfg.renew == 0 {
+		cfg.renew = cfg.ttl / 3
+	}
+	if cfg.ttl < 2*cfg.renew {
+		return bad("TTL %v is shorter than twice the renewal interval %v", cfg.ttl, cfg.renew)
+	}
+	if cfg.ttl < 10*time.Millisecond {
+		return bad("TTL %v is shorter than 10ms", cfg.ttl)
+	}
+	if cfg.logger == nil {
+		cfg.logger = slog.Default()
+	}
+	id := make([]byte, 17)
+	id[0] = 'L'
+	rand.Read(id[1:])
+	host, _ := os.Hostname()
+	if len(host) > 255 {
+		host = host[:255]
+	}
+	return &Locker{
+		db: db, dialect: d, cfg: cfg, owner: id, host: host, pid: int64(os.Getpid()),
+		now:     time.Now,
+		queues:  map[string]*queue{},
+		waiters: map[string]map[chan struct{}]bool{},
+	}, nil
+}
+
+// Close stops the shared PostgreSQL listener and wakes the waiters, which go on by
+// polling. Held leases are not released. Close is idempotent.
+func (l *Locker) Close() error {
+	l.mu.Lock()
+	lis := l.lis
+	l.lis = nil
+	l.closed = true
+	l.mu.Unlock()
+	if lis != nil {
+		lis.stop()
+	}
+	l.stmtMu.Lock()
+	for _, st := range l.stmts {
+		st.Close()
+	}
+	l.stmts, l.noPrep = nil, true
+	l.stmtMu.Unlock()
+	return nil
+}
+
+// exec runs query on the pool. On MySQL it uses a statement prepared once per Locker:
+// go-sql-driver otherwise prepares, executes and closes a statement for every call
+// with arguments (three round trips instead of one).
+func (l *Locker) exec(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	if l.dialect != sqllock.MySQL {
+		return l.db.ExecContext(ctx, query, args...)
+	}
+	l.stmtMu.RLock()
+	st, noPrep := l.stmts[query], l.noPrep
+	l.stmtMu.RUnlock()
+	if st == nil && !noPrep {
+		l.stmtMu.Lock()
+		if st = l.stmts[query]; st == nil && !l.noPrep {
+			var err error
+			if st, err = l.db.PrepareContext(ctx, query); err != nil {
+				st = nil
+			} else {
+				if l.stmts == nil {
+					l.stmts = map[string]*sql.Stmt{}
+				}
+				l.stmts[query] = st
+			}
+		}
+		l.stmtMu.Unlock()
+	}
+	if st == nil {
+		return l.db.ExecContext(ctx, query, args...)
+	}
+	l.stmtMu.RLock()
+	defer l.stmtMu.RUnlock()
+	if l.noPrep { // closed meanwhile
+		return l.db.ExecContext(ctx, query, args...)
+	}
+	return st.ExecContext(ctx, args...)
+}
+
+// Acquire waits until the lock name is held, or ctx ends. See sqllock.Locker.
+// sqllock.WithOwner makes the acquisition reentrant; sqllock.WithTTL overrides the
+// lease time (its renewal interval is then a third of it).
+func (l *Locker) Acquire(ctx context.Context, name string, opts ...sqllock.AcquireOption) (sqllock.Lease, error) {
+	le, err := l.acquire(ctx, "acquire", name, opts, true)
+	if err != nil {
+		return nil, err
+	}
+	return le, nil
+}
+
+// TryAcquire makes one attempt (transient conflicts are retried a few times) and
+// returns an error matching sqllock.ErrNotAcquired if the lock is held.
+func (l *Locker) TryAcquire(ctx context.Context, name string, opts ...sqllock.AcquireOption) (sqllock.Lease, error) {
+	le, err := l.acquire(ctx, "try-acquire", name, opts, false)
+	if err != nil {
+		return nil, err
+	}
+	return le, nil
+}
+
+type attemptResult struct {
+	ok        bool
+	token     int64
+	remaining time.Duration // holder's remaining lease, 0 if unknown
+}
+
+func (l *Locker) errorf(op, name string, kind, err error) error {
+	return &sqllock.Error{Op: op, Dialect: l.dialect, Name: name, Kind: kind, Err: err}
+}
+
+func (l *Locker) acquire(ctx context.Context, op, name string, opts []sqllock.AcquireOption, wait bool) (*Lease, error) {
+	if err := sqllock.ValidateName(name); err != nil {
+		return nil, err
+	}
+	ac, err := sqllock.ApplyAcquireOptions(opts)
+	if err != nil {
+		return nil, l.errorf(op, name, sqllock.ErrInvalidOption, err)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, l.errorf(op, name, sqllock.ErrNotAcquired, err)
+	}
+	ttl, renew := l.cfg.ttl, l.cfg.renew
+	if ac.TTL > 0 {
+		ttl, renew = ac.TTL, ac.TTL/3
+		if ttl < 10*time.Millisecond {
+			return nil, l.errorf(op, name, sqllock.ErrInvalidOption, fmt.Errorf("TTL %v is shorter than 10ms", ttl))
+		}
+	}
+	owner, reentrant := l.owner, false
+	if ac.Owner != "" {
+		owner, reentrant = append([]byte{'K'}, ac.Owner...), true
+	}
+	key := namekey.Key(name)
+	skey := string(key)
+
+	// Waiters of this Locker queue in the process; the first sends attempts. A
+	// reentrant acquisition must not queue behind its own owner's hold.
+	var slot *queue
+	if wait && !reentrant {
+		slot, err = l.enqueue(ctx, skey)
+		if err != nil {
+			return nil, l.errorf(op, name, sqllock.ErrNotAcquired, err)
+		}
+	}
+	freeSlot := func() {
+		if slot != nil {
+			l.dequeue(skey, slot)
+			slot = nil
+		}
+	}
+	var wake chan struct{}
+	if wait {
+		wake = l.subscribe(skey)
+		defer l.unsubscribe(skey, wake)
+	}
+
+	pol := backoff.Policy{Min: 2 * time.Millisecond, Max: l.cfg.poll}
+	transient := 0
+	for attempt := 0; ; attempt++ {
+		start := l.now()
+		res, err := l.attempt(ctx, key, name, owner, ttl, reentrant)
+		switch {
+		case err == nil && res.ok:
+			le := l.newLease(name, key, owner, res.token, ttl, renew, reentrant, start, slot)
+			if ctx.Err() != nil {
+				// Granted as ctx ended: give it back, leave nothing behind.
+				rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.cfg.attempt)
+				le.Release(rctx)
+				cancel()
+				return nil, l.errorf(op, name, sqllock.ErrNotAcquired, ctx.Err())
+			}
+			return le, nil
+		case err == nil:
+			transient = 0
+		case sqlerr.Transient(err):
+			transient++
+			if !wait && transient >= maxTransient {
+				freeSlot()
+				return nil, l.errorf(op, name, sqllock.ErrNotAcquired, err)
+			}
+			if !wait {
+				continue
+			}
+		case wait && sqlerr.Is(err, sqlerr.SessionLost) && ctx.Err() == nil:
+			// The server restarted or the connection was cut: keep waiting.
+			l.cfg.logger.Debug("sqllock/uniqueindex: attempt failed, retrying", "name", name, "err", err)
+		default:
+			freeSlot()
+			if ctx.Err() != nil {
+				return nil, l.errorf(op, name, sqllock.ErrNotAcquired, ctx.Err())
+			}
+			return nil, l.errorf(op, name, nil, err)
+		}
+		if !wait {
+			return nil, l.errorf(op, name, sqllock.ErrNotAcquired, errors.New("held by another owner"))
+		}
+		d := pol.Delay(attempt)
+		if l.dialect == sqllock.Postgres {
+			l.listen()
+			// Woken by NOTIFY; poll slowly in case it was lost, and at the holder's
+			// expiry in case the holder died.
+			d = backoff.Policy{Min: l.cfg.poll / 2, Max: l.cfg.poll}.Delay(1)
+			if res.remaining > 0 && res.remaining+time.Millisecond < d {
+				d = res.remaining + time.Millisecond
+			}
+			if err != nil {
+				d = pol.Delay(attempt)
+			}
+		}
+		if err := backoff.Sleep(ctx, d, wake); err != nil {
+			freeSlot()
+			return nil, l.errorf(op, name, sqllock.ErrNotAcquired, err)
+		}
+	}
+}
+
+// attempt makes one attempt. It runs detached from ctx (bounded by the attempt
+// timeout) so that a grant is never lost in flight: the caller releases it if ctx
+// ended meanwhile.
+func (l *Locker) attempt(ctx context.Context, key []byte, name string, owner []byte, ttl time.Duration, reentrant bool) (attemptResult, error) {
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.cfg.attempt)
+	defer cancel()
+	us := ttl.Microseconds()
+	if l.dialect == sqllock.Postgres {
+		var tok, holds, rem int64
+		err := l.db.QueryRowContext(actx, acquirePostgres, key, []byte(name), owner, us, reentrant, l.host, l.pid).Scan(&tok, &holds, &rem)
+		if errors.Is(err, sql.ErrNoRows) {
+			return attemptResult{}, nil
+		}
+		if err != nil {
+			return attemptResult{}, err
+		}
+		return attemptResult{ok: tok > 0, token: tok, remaining: time.Duration(rem) * time.Microsecond}, nil
+	}
+	t, err := l.fenceNext(actx, key, name)
+	if err != nil {
+		return attemptResult{}, err
+	}
+	res, err := l.exec(actx, acquireMySQL, owner, us, l.host, l.pid, key, t, reentrant, reentrant)
+	if err != nil {
+		return attemptResult{}, err
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return attemptResult{}, err
+	}
+	switch n {
+	case 1: // inserted
+		return attemptResult{ok: true, token: t}, nil
+	case 2: // taken over or re-entered: the token is the row's
+		id, err := res.LastInsertId()
+		if err != nil {
+			return attemptResult{}, err
+		}
+		return attemptResult{ok: true, token: id}, nil
+	}
+	return attemptResult{}, nil
+}
+
+// fenceNext is fence.Next on MySQL, through a prepared statement.
+func (l *Locker) fenceNext(ctx context.Context, key []byte, name string) (int64, error) {
+	res, err := l.exec(ctx, fenceNextMySQL, key, []byte(name))
+	if err != nil {
+		return 0, err
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return 0, err
+	}
+	if n == 1 {
+		return 1, nil
+	}
+	return res.LastInsertId()
+}
+
+// queue is the in-process FIFO of one Locker's waiters for one key: a one-slot
+// channel whose blocked senders the Go runtime serves in order.
+type queue struct {
+	slot chan struct{}
+	refs int
+}
+
+func (l *Locker) enqueue(ctx context.Context, key string) (*queue, error) {
+	l.mu.Lock()
+	q := l.queues[key]
+	if q == nil {
+		q = &queue{slot: make(chan struct{}, 1)}
+		l.queues[key] = q
+	}
+	q.refs++
+	l.mu.Unlock()
+	select {
+	case q.slot <- struct{}{}:
+		return q, nil
+	case <-ctx.Done():
+		l.unref(key, q)
+		return nil, ctx.Err()
+	}
+}
+
+func (l *Locker) dequeue(key string, q *queue) {
+	<-q.slot
+	l.unref(key, q)
+}
+
+func (l *Locker) unref(key string, q *queue) {
+	l.mu.Lock()
+	q.refs--
+	if q.refs == 0 && l.queues[key] == q {
+		delete(l.queues, key)
+	}
+	l.mu.Unlock()
+}
+
+// subscribe registers a wake channel for key, and starts the listener on PostgreSQL.
+func (l *Locker) subscribe(key string) chan struct{} {
+	ch := make(chan struct{}, 1)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	m := l.waiters[key]
+	if m == nil {
+		m = map[chan struct{}]bool{}
+		l.waiters[key] = m
+	}
+	m[ch] = true
+	return ch
+}
+
+// listen starts the shared listener on PostgreSQL, once a waiter has to wait.
+func (l *Locker) listen() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.dialect == sqllock.Postgres && l.lis == nil && !l.closed {
+		l.lis = startListener(l)
+	}
+}
+
+func (l *Locker) unsubscribe(key string, ch chan struct{}) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if m := l.waiters[key]; m != nil {
+		delete(m, ch)
+		if len(m) == 0 {
+			delete(l.waiters, key)
+		}
+	}
+}
+
+// wake wakes the waiters of key, or every waiter if all.
+func (l *Locker) wake(key string, all bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	poke := func(m map[chan struct{}]bool) {
+		for ch := range m {
+			select {
+			case ch <- struct{}{}:
+			default:
+			}
+		}
+	}
+	if all {
+		for _, m := range l.waiters {
+			poke(m)
+		}
+		return
+	}
+	poke(l.waiters[key])
+}
+
+// Sweeper deletes expired lease rows for the reaper package (it implements
+// reaper.Sweeper).
+type Sweeper struct {
+	db      *sql.DB
+	dialect sqllock.Dialect
+	grace   time.Duration
+}
+
+// NewSweeper returns the Sweeper of the lease table: each batch deletes rows whose
+// lease expired more than grace ago by the database clock, in one short statement.
+// Tokens are unaffected: they live in sqllock_fence, which is never swept.
+func NewSweeper(db *sql.DB, d sqllock.Dialect, grace time.Duration) (*Sweeper, error) {
+	if db == nil || !d.Valid() || grace < 0 {
+		return nil, &sqllock.Error{Op: "new-sweeper", Dialect: d, Kind: sqllock.ErrInvalidOption,
+			Err: fmt.Errorf("need a *sql.DB, a valid dialect and a grace period >= 0 (got %v)", grace)}
+	}
+	return &Sweeper{db: db, dialect: d, grace: grace}, nil
+}
+
+// Name returns "sqllock_lease".
+func (s *Sweeper) Name() string { return "sqllock_lease" }
+
+// SweepBatch deletes at most limit expired rows and returns how many it deleted.
+func (s *Sweeper) SweepBatch(ctx context.Context, limit int) (int, error) {
+	q := sweepMySQL
+	if s.dialect == sqllock.Postgres {
+		q = sweepPostgres
+	}
+	res, err := s.db.ExecContext(ctx, q, s.grace.Microseconds(), limit)
+	if err != nil {
+		return 0, err
+	}
+	n, err := res.RowsAffected()
+	return int(n), err
+}
+
+// hexKey is the NOTIFY payload of a key.
+func hexKey(key []byte) string { return hex.EncodeToString(key) }
