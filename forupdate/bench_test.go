@@ -1,0 +1,322 @@
+package forupdate_test
+
+import (
+	"context"
+	"crypto/sha256"
+	"database/sql"
+	"database/sql/driver"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/sqllock/sqllock"
+	"github.com/sqllock/sqllock/forupdate"
+	"github.com/sqllock/sqllock/testdb"
+)
+
+// Statement counting: a database/sql driver wrapper that counts what the client sends
+// (BEGIN, COMMIT, ROLLBACK and every executed statement), so statements per
+// acquisition are exact on both dialects; on MySQL the server's Questions counter is
+// reported beside it (it also counts other clients of the server).
+
+type countingConnector struct {
+	inner driver.Connector
+	n     *atomic.Int64
+}
+
+func (c countingConnector) Connect(ctx context.Context) (driver.Conn, error) {
+	conn, err := c.inner.Connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &countingConn{inner: conn, n: c.n}, nil
+}
+
+func (c countingConnector) Driver() driver.Driver { return c.inner.Driver() }
+
+type countingConn struct {
+	inner driver.Conn
+	n     *atomic.Int64
+}
+
+func (c *countingConn) Prepare(q string) (driver.Stmt, error) {
+	return c.PrepareContext(context.Background(), q)
+}
+func (c *countingConn) Close() error { return c.inner.Close() }
+func (c *countingConn) Begin() (driver.Tx, error) {
+	return c.BeginTx(context.Background(), driver.TxOptions{})
+}
+
+// Conn exposes pgx's connection, as pgx's stdlib driver does.
+func (c *countingConn) Conn() *pgx.Conn {
+	if p, ok := c.inner.(interface{ Conn() *pgx.Conn }); ok {
+		return p.Conn()
+	}
+	return nil
+}
+
+func (c *countingConn) PrepareContext(ctx context.Context, q string) (driver.Stmt, error) {
+	st, err := c.inner.(driver.ConnPrepareContext).PrepareContext(ctx, q)
+	if err != nil {
+		return nil, err
+	}
+	return &countingStmt{Stmt: st, n: c.n}, nil
+}
+
+func (c *countingConn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
+	c.n.Add(1)
+	tx, err := c.inner.(driver.ConnBeginTx).BeginTx(ctx, opts)
+	if err != nil {
+		return nil, err
+	}
+	return &countingTx{Tx: tx, n: c.n}, nil
+}
+
+func (c *countingConn) ExecContext(ctx context.Context, q string, args []driver.NamedValue) (driver.Result, error) {
+	r, err := c.inner.(driver.ExecerContext).ExecContext(ctx, q, args)
+	if err != driver.ErrSkip {
+		c.n.Add(1)
+	}
+	return r, err
+}
+
+func (c *countingConn) QueryContext(ctx context.Context, q string, args []driver.NamedValue) (driver.Rows, error) {
+	r, err := c.inner.(driver.QueryerContext).QueryContext(ctx, q, args)
+	if err != driver.ErrSkip {
+		c.n.Add(1)
+	}
+	return r, err
+}
+
+func (c *countingConn) CheckNamedValue(nv *driver.NamedValue) error {
+	if ch, ok := c.inner.(driver.NamedValueChecker); ok {
+		return ch.CheckNamedValue(nv)
+	}
+	return driver.ErrSkip
+}
+
+func (c *countingConn) ResetSession(ctx context.Context) error {
+	if r, ok := c.inner.(driver.SessionResetter); ok {
+		return r.ResetSession(ctx)
+	}
+	return nil
+}
+
+func (c *countingConn) IsValid() bool {
+	if v, ok := c.inner.(driver.Validator); ok {
+		return v.IsValid()
+	}
+	return true
+}
+
+type countingStmt struct {
+	driver.Stmt
+	n *atomic.Int64
+}
+
+func (s *countingStmt) ExecContext(ctx context.Context, args []driver.NamedValue) (driver.Result, error) {
+	s.n.Add(1)
+	return s.Stmt.(driver.StmtExecContext).ExecContext(ctx, args)
+}
+
+func (s *countingStmt) QueryContext(ctx context.Context, args []driver.NamedValue) (driver.Rows, error) {
+	s.n.Add(1)
+	return s.Stmt.(driver.StmtQueryContext).QueryContext(ctx, args)
+}
+
+type countingTx struct {
+	driver.Tx
+	n *atomic.Int64
+}
+
+func (t *countingTx) Commit() error   { t.n.Add(1); return t.Tx.Commit() }
+func (t *countingTx) Rollback() error { t.n.Add(1); return t.Tx.Rollback() }
+
+// openCounting opens a pool to the test database whose statements are counted in n.
+func openCounting(b *testing.B, d sqllock.Dialect, n *atomic.Int64) *sql.DB {
+	plain := testdb.Open(b, d)
+	dc, ok := plain.Driver().(driver.DriverContext)
+	if !ok {
+		b.Fatalf("driver %T has no connector", plain.Driver())
+	}
+	inner, err := dc.OpenConnector(testdb.DSN(b, d))
+	if err != nil {
+		b.Fatal(err)
+	}
+	db := sql.OpenDB(countingConnector{inner: inner, n: n})
+	b.Cleanup(func() { db.Close() })
+	return db
+}
+
+func questions(b *testing.B, db *sql.DB) int64 {
+	var name string
+	var v int64
+	if err := db.QueryRow("SHOW GLOBAL STATUS LIKE 'Questions'").Scan(&name, &v); err != nil {
+		b.Fatal(err)
+	}
+	return v
+}
+
+// baselineNs holds the raw baseline's ns/op of each dialect, measured first in the
+// same run, for the ratio reported by the Locker benchmark.
+var baselineNs, baselineWriteNs sync.Map
+
+// BenchmarkUncontended compares one Locker acquisition and release (Lock + Release,
+// i.e. BEGIN, locking read, token update, COMMIT) with a hand-written raw
+// BEGIN / SELECT ... FOR UPDATE / COMMIT on the same row, in the same run.
+// x-raw-throughput is the Locker's throughput as a fraction of the raw one.
+func BenchmarkUncontended(b *testing.B) {
+	for _, d := range testdb.Dialects {
+		b.Run(d.String(), func(b *testing.B) {
+			var n atomic.Int64
+			db := openCounting(b, d, &n)
+			l, err := forupdate.New(db, d)
+			if err != nil {
+				b.Fatal(err)
+			}
+			name := testdb.Name(b)
+			ctx := context.Background()
+			lease, err := l.Lock(ctx, name) // creates the row
+			if err != nil {
+				b.Fatal(err)
+			}
+			lease.Release(ctx)
+			key := sqllockKey(name)
+			raw := "SELECT token FROM sqllock_rowlock WHERE lock_key = ? FOR UPDATE"
+			if d == sqllock.Postgres {
+				raw = "SELECT token FROM sqllock_rowlock WHERE lock_key = $1 FOR UPDATE"
+			}
+			b.Run("raw", func(b *testing.B) {
+				n.Store(0)
+				for i := 0; i < b.N; i++ {
+					tx, err := db.BeginTx(ctx, nil)
+					if err != nil {
+						b.Fatal(err)
+					}
+					var tok int64
+					if err := tx.QueryRowContext(ctx, raw, key).Scan(&tok); err != nil {
+						b.Fatal(err)
+					}
+					if err := tx.Commit(); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.ReportMetric(float64(n.Load())/float64(b.N), "stmts/op")
+				baselineNs.Store(d, float64(b.Elapsed().Nanoseconds())/float64(b.N))
+			})
+			// rawWrite adds the row write a fencing token needs (one UPDATE, committed
+			// and flushed): the floor for any lock whose token survives a rollback.
+			upd := "UPDATE sqllock_rowlock SET acquired_at = UTC_TIMESTAMP(6) WHERE lock_key = ?"
+			if d == sqllock.Postgres {
+				upd = "UPDATE sqllock_rowlock SET acquired_at = clock_timestamp() WHERE lock_key = $1"
+			}
+			b.Run("raw-with-write", func(b *testing.B) {
+				n.Store(0)
+				for i := 0; i < b.N; i++ {
+					tx, err := db.BeginTx(ctx, nil)
+					if err != nil {
+						b.Fatal(err)
+					}
+					var tok int64
+					if err := tx.QueryRowContext(ctx, raw, key).Scan(&tok); err != nil {
+						b.Fatal(err)
+					}
+					if _, err := tx.ExecContext(ctx, upd, key); err != nil {
+						b.Fatal(err)
+					}
+					if err := tx.Commit(); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.ReportMetric(float64(n.Load())/float64(b.N), "stmts/op")
+				baselineWriteNs.Store(d, float64(b.Elapsed().Nanoseconds())/float64(b.N))
+			})
+			b.Run("locker", func(b *testing.B) {
+				n.Store(0)
+				for i := 0; i < b.N; i++ {
+					lease, err := l.Lock(ctx, name)
+					if err != nil {
+						b.Fatal(err)
+					}
+					if err := lease.Release(ctx); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.ReportMetric(float64(n.Load())/float64(b.N), "stmts/op")
+				if base, ok := baselineNs.Load(d); ok {
+					per := float64(b.Elapsed().Nanoseconds()) / float64(b.N)
+					b.ReportMetric(base.(float64)/per, "x-raw-throughput")
+				}
+				if base, ok := baselineWriteNs.Load(d); ok {
+					per := float64(b.Elapsed().Nanoseconds()) / float64(b.N)
+					b.ReportMetric(base.(float64)/per, "x-raw-write-throughput")
+				}
+			})
+		})
+	}
+}
+
+// BenchmarkContended: 8 goroutines take one name in turn. stmts/op counts what the
+// clients sent per acquisition (wrapping driver); on MySQL server-questions/op is the
+// server's Questions delta per acquisition (including other clients of the server).
+func BenchmarkContended(b *testing.B) {
+	for _, d := range testdb.Dialects {
+		b.Run(d.String(), func(b *testing.B) {
+			var n atomic.Int64
+			db := openCounting(b, d, &n)
+			admin := testdb.Open(b, d)
+			l, err := forupdate.New(db, d)
+			if err != nil {
+				b.Fatal(err)
+			}
+			name := testdb.Name(b)
+			ctx := context.Background()
+			lease, err := l.Lock(ctx, name)
+			if err != nil {
+				b.Fatal(err)
+			}
+			lease.Release(ctx)
+			const goroutines = 8
+			var q0 int64
+			if d == sqllock.MySQL {
+				q0 = questions(b, admin)
+			}
+			n.Store(0)
+			b.ResetTimer()
+			var remaining atomic.Int64
+			remaining.Store(int64(b.N))
+			var wg sync.WaitGroup
+			for g := 0; g < goroutines; g++ {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for remaining.Add(-1) >= 0 {
+						lease, err := l.Lock(ctx, name)
+						if err != nil {
+							b.Error(err)
+							return
+						}
+						if err := lease.Release(ctx); err != nil {
+							b.Error(err)
+							return
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			b.StopTimer()
+			b.ReportMetric(float64(n.Load())/float64(b.N), "stmts/op")
+			if d == sqllock.MySQL {
+				// minus the SHOW STATUS that reads the counter
+				b.ReportMetric(float64(questions(b, admin)-q0-1)/float64(b.N), "server-questions/op")
+			}
+		})
+	}
+}
+
+func sqllockKey(name string) []byte {
+	k := sha256.Sum256([]byte(name))
+	return k[:]
+}

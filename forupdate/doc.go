@@ -1,0 +1,64 @@
+// Package forupdate implements locks that are row locks of an open transaction
+// (SELECT ... FOR UPDATE), on PostgreSQL and MySQL/MariaDB. Its strength is that the
+// lock and the business writes made in the same transaction commit together: a holder
+// that dies takes its uncommitted work with it.
+//
+// # What the lock is
+//
+// Each lock name has a row in sqllock_rowlock (migration 0003), keyed by SHA-256 of the
+// name, with the original bytes kept for display. Holding the lock means holding the
+// exclusive row lock on that row inside an open transaction on one connection.
+// COMMIT (Lease.Release) or ROLLBACK (Lease.Rollback) releases the lock.
+//
+// Once the row lock is held, the acquisition draws its fencing token from a source
+// that a rollback does not undo (a PostgreSQL sequence; on MySQL the AUTO_INCREMENT
+// counter, by REPLACEing the locked row) and stores it in the row, where it commits or
+// rolls back with the business writes. So Lease.Token is strictly increasing per name
+// even across holders that rolled back or whose session died (a token incremented in
+// the row alone would be handed out again after such a holder, defeating fencing), and
+// the row shows the token of the last committed holder.
+//
+// Rows are created on first use with an autocommit INSERT, outside the waiting
+// transaction, so concurrent first use of a name neither deadlocks nor fails
+// (InnoDB takes gap locks when a locking read finds no row at REPEATABLE READ). Rows are
+// never deleted by the library.
+//
+// # Failure
+//
+// When the session dies (killed, connection cut, server restart or failover), the
+// database rolls the transaction back: the lock is free at once and nothing of the
+// work done in Lease.Tx commits. The lease notices within about one keepalive interval
+// (WithKeepalive), from another pooled connection, and then closes Done and reports
+// ErrLost; Release returns ErrLost. Because the database frees the lock the instant
+// the session dies, another client may acquire it before the lease notices; this is
+// safe for writes made through Lease.Tx, which can no longer commit, but not for side
+// effects outside the database: pass Lease.Token to such resources.
+//
+// # Reads inside the transaction
+//
+// Every holder's writes were committed before the next holder is granted the lock.
+// Under READ COMMITTED (the PostgreSQL default) each statement in the transaction sees
+// them. Under REPEATABLE READ on PostgreSQL the snapshot is taken by the locking
+// statement itself; a waiter whose snapshot predates the previous holder's commit gets
+// a serialization failure, which the library retries in a new transaction, so the
+// snapshot a lease gets always includes every earlier holder's commit. Under
+// REPEATABLE READ on MySQL (the InnoDB default) the locking statement is a locking
+// read, which reads the latest committed row, and the snapshot is established by the
+// first plain SELECT inside the lease, after the lock was granted. Either way, reads of
+// data that only lock holders write are current for the whole lease.
+//
+// # Cost
+//
+// Each held lock and each waiter blocked in the database occupies one pooled
+// connection for as long as it holds or waits. A burst of waiters on a busy name can
+// therefore take every connection of an application's pool; WithMaxWaiters caps the
+// number of waiters per Locker that may block in the database at once (the others
+// wait in the process, holding no connection). Holders are not counted: bound them as
+// you bound any transaction.
+//
+// An acquisition costs four statements, contended or not: BEGIN, the locking read
+// (SELECT ... FOR UPDATE), the token statement, and COMMIT at release. On PostgreSQL
+// a ctx deadline becomes a transaction-local lock_timeout set by the locking read and
+// reset by the token statement, at no extra statement. A waiter sends nothing while it
+// waits: the database queues it on the row lock and wakes it when the holder ends.
+package forupdate
