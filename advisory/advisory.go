@@ -312,6 +312,15 @@ func (l *Locker) acquire(ctx context.Context, op string, id lockID, wait bool, o
 			return le, nil
 		}
 		l.st.mu.Unlock()
+		if !wait {
+			// The owner's first acquisition is still waiting for the server lock:
+			// TryAcquire must not wait with it.
+			select {
+			case <-e.ready:
+			default:
+				return nil, l.errorf(op, id, sqllock.ErrNotAcquired, errors.New("the owner's first acquisition is still waiting"))
+			}
+		}
 		select {
 		case <-e.ready:
 		case <-ctx.Done():
@@ -393,7 +402,7 @@ func (l *Locker) lock(ctx context.Context, op string, id lockID, wait bool) (*Le
 	}
 	var tok int64
 	if l.cfg.token {
-		tok, err = fence.Next(ctx, conn, l.dialect, id.name)
+		tok, err = fence.NextAutocommit(ctx, conn, l.dialect, id.name)
 		if err != nil {
 			discard(conn)
 			if cerr := ctx.Err(); cerr != nil {

@@ -571,3 +571,75 @@ func TestNewOptions(t *testing.T) {
 		t.Errorf("empty name: %v, want ErrInvalidName", err)
 	}
 }
+
+// TestOwnerTryAcquireDoesNotWait: a TryAcquire with an owner key whose first
+// acquisition is still blocked on the server returns ErrNotAcquired at once instead
+// of waiting with it.
+func TestOwnerTryAcquireDoesNotWait(t *testing.T) {
+	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
+		leakCheck(t)
+		l := newLocker(t, testdb.Open(t, d), d)
+		other := newLocker(t, testdb.Open(t, d), d)
+		name := testdb.Name(t)
+		ctx := ctxFor(t, 30*time.Second)
+		holder, err := other.Acquire(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		own := sqllock.WithOwner("job-1")
+		blocked := make(chan error, 1)
+		go func() {
+			le, err := l.Acquire(ctx, name, own)
+			if err == nil {
+				err = le.Release(ctx)
+			}
+			blocked <- err
+		}()
+		// Wait until the blocked Acquire is queued on the server.
+		admin := testdb.Open(t, d)
+		deadline := time.Now().Add(10 * time.Second)
+		for serverWaiters(t, admin, d, l, name) == 0 {
+			if time.Now().After(deadline) {
+				t.Fatal("the owner's Acquire never queued on the server")
+			}
+			time.Sleep(5 * time.Millisecond) // polling the server: no signal exists
+		}
+		start := time.Now()
+		le, err := l.TryAcquire(ctx, name, own)
+		if err == nil {
+			le.Release(ctx)
+		}
+		if !errors.Is(err, sqllock.ErrNotAcquired) || time.Since(start) > time.Second {
+			t.Errorf("TryAcquire of the same owner while its Acquire waits: %v after %v; want ErrNotAcquired at once", err, time.Since(start))
+		}
+		if err := holder.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-blocked; err != nil {
+			t.Fatalf("the blocked Acquire: %v", err)
+		}
+	})
+}
+
+// serverWaiters counts sessions waiting on the server for the lock of name.
+func serverWaiters(t testing.TB, admin *sql.DB, d sqllock.Dialect, l *advisory.Locker, name string) int {
+	t.Helper()
+	ctx := ctxFor(t, 10*time.Second)
+	var n int
+	var err error
+	if d == sqllock.Postgres {
+		k1, k2 := l.PostgresKeys(name)
+		err = admin.QueryRowContext(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'
+AND classid = $1::int4::oid AND objid = $2::int4::oid AND objsubid = 2 AND NOT granted`, k1, k2).Scan(&n)
+	} else {
+		var my string
+		if my, err = l.MySQLLockName(ctx, name); err == nil {
+			err = admin.QueryRowContext(ctx, `SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE INFO LIKE ?`,
+				"%GET_LOCK('"+my+"'%").Scan(&n)
+		}
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}

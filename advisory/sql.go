@@ -80,10 +80,12 @@ func (l *Locker) pgLock(ctx context.Context, conn *sql.Conn, id lockID, wait boo
 		return sid, err == nil, err != nil || ctx.Err() != nil, err
 	}
 
-	// With pgx, a context that ends mid-statement makes pgx close the connection, and a
-	// server backend blocked on a lock does not notice a closed socket until the lock is
-	// granted: it would stay queued. Run the statement on a context of our own and send
-	// a cancel request when ctx ends; break the connection only if that fails.
+	// How pgx ends a statement whose context ended depends on its context watcher
+	// handler (set by the user's connection config): a closed socket may not be noticed
+	// by a backend blocked on a lock until the lock is granted (PostgreSQL checks idle
+	// clients only with client_connection_check_interval, off by default). Do not rely
+	// on it: run the statement on a context of our own, send a cancel request when ctx
+	// ends, and break the connection only if that fails.
 	qctx, qcancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer qcancel()
 	finished := make(chan struct{})

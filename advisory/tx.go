@@ -78,7 +78,7 @@ func (l *Locker) acquireTx(ctx context.Context, op string, tx *sql.Tx, name stri
 	if !l.cfg.token {
 		return 0, nil
 	}
-	tok, err := fence.Next(ctx, l.db, l.dialect, name)
+	tok, err := fence.NextAutocommit(ctx, l.db, l.dialect, name)
 	if err != nil {
 		if cerr := ctx.Err(); cerr != nil {
 			return 0, l.errorf(op, id, sqllock.ErrNotAcquired, cerr)

@@ -7,9 +7,12 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"time"
 
 	"github.com/sqllock/sqllock"
+	"github.com/sqllock/sqllock/internal/backoff"
 	"github.com/sqllock/sqllock/internal/namekey"
+	"github.com/sqllock/sqllock/internal/sqlerr"
 )
 
 // Execer is what Next needs: a *sql.DB, *sql.Conn or *sql.Tx.
@@ -49,6 +52,29 @@ func Next(ctx context.Context, q Execer, d sqllock.Dialect, name string) (int64,
 		return 1, nil
 	}
 	return res.LastInsertId()
+}
+
+// retry is the backoff between autocommit attempts of NextAutocommit.
+var retry = backoff.Policy{Min: time.Millisecond, Max: 20 * time.Millisecond}
+
+// NextAutocommit is Next on a *sql.DB or *sql.Conn outside any transaction. It retries
+// deadlocks and serialization failures (InnoDB can report a deadlock when sessions
+// insert the same new key at once) up to 8 times, so they never reach the caller.
+func NextAutocommit(ctx context.Context, q Execer, d sqllock.Dialect, name string) (int64, error) {
+	for attempt := 0; ; attempt++ {
+		tok, err := Next(ctx, q, d, name)
+		if err == nil || attempt == 7 {
+			return tok, err
+		}
+		switch sqlerr.Classify(err) {
+		case sqlerr.Deadlock, sqlerr.Serialization, sqlerr.LockTimeout:
+		default:
+			return tok, err
+		}
+		if serr := backoff.Sleep(ctx, retry.Delay(attempt), nil); serr != nil {
+			return 0, err
+		}
+	}
 }
 
 // Current returns the counter of name, or 0 if it was never incremented.
