@@ -1,0 +1,214 @@
+// Command sqllock is the operator's tool for the tables of github.com/sqllock/sqllock:
+// apply migrations, see who holds which lease, and force a stuck lease free.
+//
+// Usage:
+//
+//	sqllock [-dsn DSN] migrate up|down|version
+//	sqllock [-dsn DSN] status
+//	sqllock [-dsn DSN] force-release NAME
+//
+// The DSN comes from -dsn or the environment variable SQLLOCK_DSN: a PostgreSQL URL
+// or key=value string (postgres://user@host/db) for pgx, otherwise a go-sql-driver
+// DSN (user:pass@tcp(host:3306)/db). The dialect is asked from the server.
+//
+// status lists the uniqueindex leases (name, owner host and pid, hold count, token,
+// time left by the database clock). force-release deletes a lease row: its holder's
+// watchdog reports ErrLost within one renewal interval, and waiters may take the
+// lock at once. Session locks (advisory) and row locks (forupdate) belong to live
+// sessions: end those with pg_terminate_backend or KILL.
+package main
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+	"unicode/utf8"
+
+	_ "github.com/go-sql-driver/mysql"
+	_ "github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/sqllock/sqllock"
+	"github.com/sqllock/sqllock/internal/namekey"
+	"github.com/sqllock/sqllock/migrations"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "sqllock:", err)
+		os.Exit(1)
+	}
+}
+
+const usage = `usage:
+  sqllock [-dsn DSN] migrate up|down|version
+  sqllock [-dsn DSN] status
+  sqllock [-dsn DSN] force-release NAME
+The DSN comes from -dsn or SQLLOCK_DSN.`
+
+var errUsage = errors.New("bad usage")
+
+// driverFor picks the database/sql driver of a DSN by its form.
+func driverFor(dsn string) string {
+	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") || strings.Contains(dsn, "host=") {
+		return "pgx"
+	}
+	return "mysql"
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("sqllock", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	dsn := fs.String("dsn", os.Getenv("SQLLOCK_DSN"), "database DSN (default $SQLLOCK_DSN)")
+	fs.Usage = func() { fmt.Fprintln(stderr, usage) }
+	if err := fs.Parse(args); err != nil {
+		return errUsage
+	}
+	rest := fs.Args()
+	if len(rest) == 0 || *dsn == "" {
+		fs.Usage()
+		return errUsage
+	}
+	db, err := sql.Open(driverFor(*dsn), *dsn)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	d, err := sqllock.DetectDialect(ctx, db)
+	if err != nil {
+		return err
+	}
+	switch {
+	case rest[0] == "migrate" && len(rest) == 2:
+		return migrate(ctx, db, d, rest[1], stdout)
+	case rest[0] == "status" && len(rest) == 1:
+		return status(ctx, db, d, stdout)
+	case rest[0] == "force-release" && len(rest) == 2:
+		return forceRelease(ctx, db, d, rest[1], stdout)
+	}
+	fs.Usage()
+	return errUsage
+}
+
+func migrate(ctx context.Context, db *sql.DB, d sqllock.Dialect, what string, out io.Writer) error {
+	switch what {
+	case "up":
+		if err := migrations.Up(ctx, db, d); err != nil {
+			return err
+		}
+	case "down":
+		if err := migrations.Down(ctx, db, d); err != nil {
+			return err
+		}
+	case "version":
+	default:
+		return errUsage
+	}
+	v, dirty, err := migrations.Version(ctx, db, d)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "%s schema version %d", d, v)
+	if dirty {
+		fmt.Fprint(out, " (dirty: a migration failed half-way)")
+	}
+	fmt.Fprintln(out)
+	return nil
+}
+
+const (
+	statusPostgres = `SELECT name, host, pid, holds, token, acquired_at,
+  floor(extract(epoch FROM (expires_at - clock_timestamp())) * 1000000)::bigint
+FROM sqllock_lease ORDER BY name`
+	statusMySQL = `SELECT name, host, pid, holds, token, CAST(acquired_at AS CHAR),
+  TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at)
+FROM sqllock_lease ORDER BY name`
+)
+
+func status(ctx context.Context, db *sql.DB, d sqllock.Dialect, out io.Writer) error {
+	q := statusPostgres
+	if d == sqllock.MySQL {
+		q = statusMySQL
+	}
+	rows, err := db.QueryContext(ctx, q)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "NAME\tHOST\tPID\tHOLDS\tTOKEN\tACQUIRED\tLEFT")
+	n := 0
+	for rows.Next() {
+		var (
+			name, acquired []byte
+			host           string
+			pid, token     int64
+			holds          int
+			left           int64
+		)
+		if err := rows.Scan(&name, &host, &pid, &holds, &token, &acquired, &left); err != nil {
+			return err
+		}
+		leftS := (time.Duration(left) * time.Microsecond).Round(time.Millisecond).String()
+		if left <= 0 {
+			leftS = "expired"
+		}
+		fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%d\t%s\t%s\n", display(string(name)), host, pid, holds, token, acquired, leftS)
+		n++
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	w.Flush()
+	fmt.Fprintf(out, "%d leases\n", n)
+	return nil
+}
+
+// display shows a name as it is when it is printable UTF-8, quoted otherwise.
+func display(name string) string {
+	for _, r := range name {
+		if r == utf8.RuneError || !strconv.IsPrint(r) {
+			return strconv.Quote(name)
+		}
+	}
+	return name
+}
+
+func forceRelease(ctx context.Context, db *sql.DB, d sqllock.Dialect, name string, out io.Writer) error {
+	if err := sqllock.ValidateName(name); err != nil {
+		return err
+	}
+	key := namekey.Key(name)
+	var n int64
+	if d == sqllock.Postgres {
+		// Wake waiters as a Release does (channel and payload of uniqueindex).
+		q := `WITH d AS (DELETE FROM sqllock_lease WHERE lock_key = $1 RETURNING lock_key)
+SELECT count(*) FROM (SELECT pg_notify('sqllock_lease', encode(lock_key, 'hex')) FROM d) x`
+		if err := db.QueryRowContext(ctx, q, key).Scan(&n); err != nil {
+			return err
+		}
+	} else {
+		res, err := db.ExecContext(ctx, "DELETE FROM sqllock_lease WHERE lock_key = ?", key)
+		if err != nil {
+			return err
+		}
+		if n, err = res.RowsAffected(); err != nil {
+			return err
+		}
+	}
+	if n == 0 {
+		return fmt.Errorf("no lease named %s", display(name))
+	}
+	fmt.Fprintf(out, "released %s\n", display(name))
+	return nil
+}
