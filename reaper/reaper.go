@@ -5,11 +5,16 @@
 // A Reaper runs on a robfig/cron/v3 schedule, or by hand with RunOnce. Each Sweeper
 // deletes in bounded batches, every batch in its own short statement, so the reaper
 // never holds many row locks or a long transaction. It is safe to run on every node
-// at once: batches skip (PostgreSQL, SKIP LOCKED) or briefly wait for (MySQL) rows
-// another reaper is deleting, and a row is deleted only if it is still expired by the
-// database clock when its lock is taken. The reaper is an optimisation of storage,
-// not of availability: acquirers take expired rows over without it. Fencing tokens are
-// kept in sqllock_fence, which is never swept, so they keep increasing across sweeps.
+// at once and does not stall live lock holders: on PostgreSQL a batch locks its rows
+// FOR UPDATE SKIP LOCKED and never waits; on MySQL it picks its rows with a
+// non-locking read and deletes them by primary key, locking only those rows and no
+// index range. A row is deleted only if it is still expired by the database clock
+// when its lock is taken. A deadlock or lock wait timeout that a batch still meets is
+// counted in the Report and the batch is retried after a short jittered pause; after
+// a few in a row the Sweeper's turn ends without an error and the next run goes on.
+// The reaper is an optimisation of storage, not of availability: acquirers take
+// expired rows over without it. Fencing tokens are kept in sqllock_fence, which is
+// never swept, so they keep increasing across sweeps.
 package reaper
 
 import (
@@ -24,6 +29,7 @@ import (
 	"github.com/robfig/cron/v3"
 
 	"github.com/sqllock/sqllock"
+	"github.com/sqllock/sqllock/internal/backoff"
 	"github.com/sqllock/sqllock/internal/sqlerr"
 	"github.com/sqllock/sqllock/uniqueindex"
 )
@@ -41,20 +47,31 @@ const (
 )
 
 // Sweeper deletes one kind of dead rows. SweepBatch deletes at most limit of them in
-// one short statement or transaction and returns how many it deleted; the reaper
-// calls it again while it returns limit. Implementations must be safe when many
-// reapers call them at once.
+// one short statement or transaction and returns how many it deleted and whether the
+// batch was full (it found limit candidates, so more may be left, even if another
+// reaper or a takeover got some of them first); the reaper calls it again while more
+// is true. Implementations must be safe when many reapers call them at once, and
+// should lock only the rows they delete. A transient error (deadlock, serialization
+// failure, lock wait timeout) must leave nothing half done: the reaper retries the
+// batch.
 type Sweeper interface {
 	Name() string
-	SweepBatch(ctx context.Context, limit int) (int, error)
+	SweepBatch(ctx context.Context, limit int) (deleted int, more bool, err error)
 }
 
 // Report is what one run removed.
 type Report struct {
-	Deleted  map[string]int // rows deleted, by Sweeper name
-	Batches  int            // batches sent
-	Duration time.Duration
+	Deleted   map[string]int // rows deleted, by Sweeper name
+	Batches   int            // batches sent, retries included
+	Conflicts int            // transient errors (deadlock, lock wait timeout) met and retried or given up on
+	Duration  time.Duration
 }
+
+// maxConflicts is how many transient errors in a row end a Sweeper's turn in a run.
+const maxConflicts = 5
+
+// conflictPolicy spaces the retries of a batch after a transient error.
+var conflictPolicy = backoff.Policy{Min: 5 * time.Millisecond, Max: 200 * time.Millisecond}
 
 // Option configures a Reaper.
 type Option func(*config)
@@ -171,10 +188,12 @@ func (r *Reaper) Stop(ctx context.Context) error {
 	}
 }
 
-// RunOnce runs every Sweeper now, batch after batch, until a batch deletes fewer rows
-// than the batch size, the maximum number of batches is reached or ctx ends. Deadlocks
-// and lock wait timeouts between concurrent reapers end that Sweeper's turn without
-// an error (the next run goes on). It logs and returns the counts.
+// RunOnce runs every Sweeper now, batch after batch, until a batch is not full, the
+// maximum number of batches is reached or ctx ends. A deadlock, serialization failure
+// or lock wait timeout is counted in Report.Conflicts and the batch is retried after a
+// short jittered pause; after 5 in a row that Sweeper's turn ends without an error
+// (the next run goes on). Other errors are returned, after the other sweepers ran. It
+// logs and returns the counts.
 func (r *Reaper) RunOnce(ctx context.Context) (Report, error) {
 	r.running.Lock()
 	defer r.running.Unlock()
@@ -182,27 +201,41 @@ func (r *Reaper) RunOnce(ctx context.Context) (Report, error) {
 	rep := Report{Deleted: map[string]int{}}
 	var errs []error
 	for _, s := range r.sweepers {
+		conflicts := 0
 		for b := 0; b < r.cfg.maxBatches; b++ {
 			if err := ctx.Err(); err != nil {
 				errs = append(errs, err)
 				break
 			}
-			n, err := s.SweepBatch(ctx, r.cfg.batch)
+			n, more, err := s.SweepBatch(ctx, r.cfg.batch)
 			rep.Batches++
 			rep.Deleted[s.Name()] += n
-			if err != nil {
-				if !sqlerr.Transient(err) {
-					errs = append(errs, fmt.Errorf("%s: %w", s.Name(), err))
+			if err != nil && sqlerr.Transient(err) && ctx.Err() == nil {
+				rep.Conflicts++
+				if conflicts++; conflicts >= maxConflicts {
+					r.cfg.logger.Warn("sqllock/reaper: giving up until the next run after repeated conflicts",
+						"sweeper", s.Name(), "conflicts", conflicts, "err", err)
+					break
 				}
+				r.cfg.logger.Debug("sqllock/reaper: batch conflicted, retrying", "sweeper", s.Name(), "err", err)
+				if backoff.Sleep(ctx, conflictPolicy.Delay(conflicts-1), nil) != nil {
+					errs = append(errs, ctx.Err())
+					break
+				}
+				continue
+			}
+			if err != nil {
+				errs = append(errs, fmt.Errorf("%s: %w", s.Name(), err))
 				break
 			}
-			if n < r.cfg.batch {
+			conflicts = 0
+			if !more {
 				break
 			}
 		}
 	}
 	rep.Duration = time.Since(start)
-	args := []any{"batches", rep.Batches, "duration", rep.Duration}
+	args := []any{"batches", rep.Batches, "conflicts", rep.Conflicts, "duration", rep.Duration}
 	for name, n := range rep.Deleted {
 		args = append(args, name, n)
 	}

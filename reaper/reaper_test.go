@@ -11,9 +11,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
+	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/goleak"
 
 	"github.com/sqllock/sqllock"
+	"github.com/sqllock/sqllock/internal/namekey"
 	"github.com/sqllock/sqllock/testdb"
 	"github.com/sqllock/sqllock/uniqueindex"
 )
@@ -94,11 +97,11 @@ func TestTokensAcrossSweep(t *testing.T) {
 			}
 			last = lease.Token()
 			// The holder "dies": its row expired an hour ago by the database clock.
-			q := "UPDATE sqllock_lease SET expires_at = acquired_at - INTERVAL 1 HOUR WHERE name = ?"
+			q := "UPDATE sqllock_lease SET expires_at = acquired_at - INTERVAL 1 HOUR WHERE lock_key = ?"
 			if d == sqllock.Postgres {
-				q = "UPDATE sqllock_lease SET expires_at = acquired_at - interval '1 hour' WHERE name = $1"
+				q = "UPDATE sqllock_lease SET expires_at = acquired_at - interval '1 hour' WHERE lock_key = $1"
 			}
-			if _, err := admin.ExecContext(ctxFor(t, 30*time.Second), q, []byte(name)); err != nil {
+			if _, err := admin.ExecContext(ctxFor(t, 30*time.Second), q, namekey.Key(name)); err != nil {
 				t.Fatal(err)
 			}
 			r, err := New(admin, d, WithGrace(30*time.Minute))
@@ -244,10 +247,11 @@ FROM generate_series(0, 99999) g`
 		if n == 0 {
 			t.Fatal("no acquisition completed during the sweep")
 		}
-		t.Logf("2 reapers deleted %d rows in %d batches of <= %d in %v (reaper A %d rows/%d batches, B %d/%d); "+
-			"%d Acquire+Release on other names meanwhile: mean %v, longest %v",
+		t.Logf("2 reapers deleted %d rows in %d batches of <= %d in %v (reaper A %d rows/%d batches, B %d/%d; "+
+			"%d conflicts retried); %d Acquire+Release on other names meanwhile: mean %v, longest %v",
 			total, batches, batch, took.Round(time.Millisecond),
 			reps[0].Deleted["sqllock_lease"], reps[0].Batches, reps[1].Deleted["sqllock_lease"], reps[1].Batches,
+			reps[0].Conflicts+reps[1].Conflicts,
 			n, time.Duration(sum.Load()/n).Round(time.Microsecond), time.Duration(maxStall.Load()).Round(time.Microsecond))
 	})
 }
@@ -276,4 +280,69 @@ func TestStartStop(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
+}
+
+// fakeSweeper returns the results of script in turn, then (0, false, nil).
+type fakeSweeper struct {
+	script []fakeBatch
+	calls  int
+}
+
+type fakeBatch struct {
+	n    int
+	more bool
+	err  error
+}
+
+func (f *fakeSweeper) Name() string { return "fake" }
+
+func (f *fakeSweeper) SweepBatch(ctx context.Context, limit int) (int, bool, error) {
+	f.calls++
+	if len(f.script) == 0 {
+		return 0, false, nil
+	}
+	b := f.script[0]
+	f.script = f.script[1:]
+	return b.n, b.more, b.err
+}
+
+// TestConflictsRetried: a deadlock or lock wait timeout in a batch is counted and the
+// batch retried; repeated conflicts end the Sweeper's turn without an error (the
+// lease table's sweeper and the other sweepers still run); other errors are returned.
+func TestConflictsRetried(t *testing.T) {
+	deadlock := &mysql.MySQLError{Number: 1213, Message: "Deadlock found when trying to get lock"}
+	timeout := &pgconn.PgError{Code: "55P03", Message: "canceling statement due to lock timeout"}
+	db := testdb.Open(t, sqllock.Postgres)
+	run := func(t *testing.T, s ...Sweeper) (Report, error) {
+		t.Helper()
+		r, err := New(db, sqllock.Postgres, WithGrace(30*time.Minute), WithBatchSize(10), WithSweepers(s...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.RunOnce(ctxFor(t, time.Minute))
+	}
+
+	f := &fakeSweeper{script: []fakeBatch{{10, true, nil}, {0, false, deadlock}, {10, true, nil}, {0, false, timeout}, {3, false, nil}}}
+	rep, err := run(t, f)
+	if err != nil || rep.Deleted["fake"] != 23 || rep.Conflicts != 2 || f.calls != 5 {
+		t.Errorf("2 conflicts among 3 batches: %+v, %d calls, %v; want 23 deleted, 2 conflicts, 5 calls, no error", rep, f.calls, err)
+	}
+
+	var script []fakeBatch
+	for i := 0; i < 10; i++ {
+		script = append(script, fakeBatch{0, false, deadlock})
+	}
+	f, g := &fakeSweeper{script: script}, &fakeSweeper{script: []fakeBatch{{2, false, nil}}}
+	rep, err = run(t, f, g)
+	if err != nil || rep.Conflicts != maxConflicts || f.calls != maxConflicts || g.calls != 1 {
+		t.Errorf("endless deadlocks: %+v, %d and %d calls, %v; want %d conflicts, then the next sweeper, no error",
+			rep, f.calls, g.calls, err, maxConflicts)
+	}
+
+	boom := errors.New("boom")
+	f, g = &fakeSweeper{script: []fakeBatch{{1, true, boom}}}, &fakeSweeper{script: []fakeBatch{{2, false, nil}}}
+	rep, err = run(t, f, g)
+	if !errors.Is(err, boom) || f.calls != 1 || g.calls != 1 || rep.Deleted["fake"] != 3 {
+		t.Errorf("other error: %+v, %d and %d calls, %v; want boom returned after the next sweeper ran", rep, f.calls, g.calls, err)
+	}
 }

@@ -15,13 +15,11 @@ import (
 	"github.com/sqllock/sqllock/uniqueindex"
 )
 
-// Acquire a lease, fence a business write with it, and release it.
+// Acquire a lease, fence a business write with it, and release it. (The example needs
+// a database, so it is compiled but not run by go test; the integration tests run the
+// same calls.)
 func Example() {
-	dsn := os.Getenv("SQLLOCK_TEST_POSTGRES_DSN") // postgres://...
-	if dsn == "" {
-		fmt.Println("token > 0: true")
-		return
-	}
+	dsn := os.Getenv("DATABASE_URL") // postgres://user@host:5432/db
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	db, err := sql.Open("pgx", dsn)
@@ -57,6 +55,5 @@ func Example() {
 	if err := tx.Commit(); err != nil {
 		log.Fatal(err)
 	}
-	fmt.Println("token > 0:", lease.Token() > 0)
-	// Output: token > 0: true
+	fmt.Println("fenced write committed with token", lease.Token())
 }

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/sqllock/sqllock"
+	"github.com/sqllock/sqllock/internal/namekey"
 	"github.com/sqllock/sqllock/testdb"
 )
 
@@ -88,11 +89,11 @@ func TestSIGKILLedHolder(t *testing.T) {
 
 		// The dead holder's last expiry, on the database clock.
 		var oldExp string
-		q := rebind(d, "SELECT CAST(expires_at AS CHAR(40)) FROM sqllock_lease WHERE name = ? AND token = ?")
+		q := rebind(d, "SELECT CAST(expires_at AS CHAR(40)) FROM sqllock_lease WHERE lock_key = ? AND token = ?")
 		if d == sqllock.Postgres {
-			q = "SELECT expires_at::text FROM sqllock_lease WHERE name = $1 AND token = $2"
+			q = "SELECT expires_at::text FROM sqllock_lease WHERE lock_key = $1 AND token = $2"
 		}
-		if err := admin.QueryRowContext(ctxFor(t, 30*time.Second), q, []byte(name), oldTok).Scan(&oldExp); err != nil {
+		if err := admin.QueryRowContext(ctxFor(t, 30*time.Second), q, namekey.Key(name), oldTok).Scan(&oldExp); err != nil {
 			t.Fatalf("dead holder's row: %v", err)
 		}
 
@@ -109,11 +110,11 @@ func TestSIGKILLedHolder(t *testing.T) {
 		// Microseconds from the dead holder's expiry to the new acquisition, computed
 		// by the database.
 		var gap int64
-		q = "SELECT TIMESTAMPDIFF(MICROSECOND, CAST(? AS DATETIME(6)), acquired_at) FROM sqllock_lease WHERE name = ? AND token = ?"
+		q = "SELECT TIMESTAMPDIFF(MICROSECOND, CAST(? AS DATETIME(6)), acquired_at) FROM sqllock_lease WHERE lock_key = ? AND token = ?"
 		if d == sqllock.Postgres {
-			q = "SELECT floor(extract(epoch FROM acquired_at - $1::timestamptz) * 1000000)::bigint FROM sqllock_lease WHERE name = $2 AND token = $3"
+			q = "SELECT floor(extract(epoch FROM acquired_at - $1::timestamptz) * 1000000)::bigint FROM sqllock_lease WHERE lock_key = $2 AND token = $3"
 		}
-		if err := admin.QueryRowContext(ctxFor(t, 30*time.Second), q, oldExp, []byte(name), lease.Token()).Scan(&gap); err != nil {
+		if err := admin.QueryRowContext(ctxFor(t, 30*time.Second), q, oldExp, namekey.Key(name), lease.Token()).Scan(&gap); err != nil {
 			t.Fatal(err)
 		}
 		if gap < 0 {

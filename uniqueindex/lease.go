@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -152,15 +153,23 @@ func (le *Lease) refresh(ctx context.Context) (bool, error) {
 
 // Refresh renews the lease now, as the watchdog does. It returns an error matching
 // sqllock.ErrLost if the row was deleted or taken over (the lease then ends), or
-// sqllock.ErrNotHeld after Release.
+// sqllock.ErrNotHeld after Release. A transient error (deadlock, serialization
+// failure, lock wait timeout) is retried up to 5 times with a short jittered backoff;
+// if it persists, or for any other database error, Refresh returns a *sqllock.Error
+// wrapping it, and the lease is still held: the watchdog goes on renewing it.
 func (le *Lease) Refresh(ctx context.Context) error {
 	if err := le.state.Err(); err != nil {
 		return err
 	}
 	start := le.l.now()
-	ok, err := le.refresh(ctx)
+	var ok bool
+	err := le.l.retryTransient(ctx, "refresh", func() (err error) {
+		ok, err = le.refresh(ctx)
+		return err
+	})
 	switch {
 	case err != nil:
+		// Not renewed now; the lease is not lost for that: the watchdog keeps renewing.
 		return &sqllock.Error{Op: "refresh", Dialect: le.l.dialect, Name: le.name, Err: err}
 	case !ok:
 		le.lose(errors.New("lease row deleted or taken over"))
@@ -181,6 +190,15 @@ func (le *Lease) Refresh(ctx context.Context) error {
 // held. It returns an error matching sqllock.ErrLost if the lease is not current. On
 // MySQL, tx should be READ COMMITTED or REPEATABLE READ (locking reads see the latest
 // row either way).
+//
+// Check cannot retry a deadlock, serialization failure or lock wait timeout: it runs
+// in the caller's transaction, which the database has then aborted (PostgreSQL, and
+// MySQL on a deadlock) or in which only the statement failed (MySQL lock wait
+// timeout). It returns such an error as a *sqllock.Error whose cause is the driver's
+// error, so that errors.As finds the *pgconn.PgError or *mysql.MySQLError: roll tx
+// back and retry the whole transaction, as for any other statement of it. The share
+// lock waits at most for one short statement in flight on the row (a renewal, a
+// Release, a takeover, a reaper batch re-checking a row taken over since it chose it).
 func (le *Lease) Check(ctx context.Context, tx *sql.Tx) error {
 	q := checkMySQL
 	if le.l.dialect == sqllock.Postgres {
@@ -201,6 +219,14 @@ func (le *Lease) Check(ctx context.Context, tx *sql.Tx) error {
 // Release gives the lock up: it deletes the lease row if it is still this lease's (or
 // gives one hold back, for a re-entered lock). It returns an error matching
 // sqllock.ErrLost if the lease had been lost, and nil when called again.
+//
+// A transient error (deadlock, serialization failure, lock wait timeout, for example
+// against a concurrent sweep or a transaction holding Check's share lock) is retried
+// up to 5 times with a short jittered backoff, within ctx. If the row still cannot be
+// deleted, Release returns a *sqllock.Error wrapping the last error: the lease has
+// ended on the client (Done is closed, renewals have stopped), and the row stays until
+// it expires by the database clock, at most the TTL after the last renewal, when the
+// next acquirer takes it over.
 func (le *Lease) Release(ctx context.Context) error {
 	le.mu.Lock()
 	if le.released {
@@ -213,9 +239,17 @@ func (le *Lease) Release(ctx context.Context) error {
 	<-le.watchDone
 
 	lostBefore := le.state.Err() != nil
-	n, err := le.delete(ctx)
+	var n int64
+	err := le.l.retryTransient(ctx, "release", func() (err error) {
+		n, err = le.delete(ctx)
+		return err
+	})
 	if err != nil && !lostBefore {
-		// Unknown outcome: the lease ends here; the row, if still there, expires.
+		// The row could not be deleted (or the outcome is unknown). The lease ends here
+		// and the watchdog has stopped, so the row, if still there, expires by the
+		// database clock at most TTL after the last renewal; the lock is free then (taken
+		// over by the next acquirer, swept by the reaper later).
+		err = fmt.Errorf("lease row not deleted: the lock stays taken until it expires, at most %v after the last renewal: %w", le.ttl, err)
 		le.end(&sqllock.Error{Op: "release", Dialect: le.l.dialect, Name: le.name, Kind: sqllock.ErrNotHeld, Err: err})
 		return &sqllock.Error{Op: "release", Dialect: le.l.dialect, Name: le.name, Err: err}
 	}

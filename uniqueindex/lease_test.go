@@ -9,6 +9,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/sqllock/sqllock"
+	"github.com/sqllock/sqllock/internal/namekey"
 	"github.com/sqllock/sqllock/testdb"
 )
 
@@ -86,8 +87,8 @@ func TestLossWithinRenewInterval(t *testing.T) {
 					deleteRow(t, admin, d, name)
 				} else {
 					// Expire it on the database clock, then another owner takes it over.
-					q := rebind(d, "UPDATE sqllock_lease SET expires_at = acquired_at WHERE name = ?")
-					if _, err := admin.ExecContext(ctxFor(t, 30*time.Second), q, []byte(name)); err != nil {
+					q := rebind(d, "UPDATE sqllock_lease SET expires_at = acquired_at WHERE lock_key = ?")
+					if _, err := admin.ExecContext(ctxFor(t, 30*time.Second), q, namekey.Key(name)); err != nil {
 						t.Fatal(err)
 					}
 					next, err = b.TryAcquire(ctxFor(t, 30*time.Second), name)
@@ -322,7 +323,7 @@ func TestCheck(t *testing.T) {
 		// While tx holds the share lock, deleting the row from outside waits.
 		deleted := make(chan error, 1)
 		go func() {
-			_, err := admin.ExecContext(ctx, rebind(d, "DELETE FROM sqllock_lease WHERE name = ?"), []byte(name))
+			_, err := admin.ExecContext(ctx, rebind(d, "DELETE FROM sqllock_lease WHERE lock_key = ?"), namekey.Key(name))
 			deleted <- err
 		}()
 		select {

@@ -10,6 +10,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/sqllock/sqllock"
+	"github.com/sqllock/sqllock/internal/namekey"
 	"github.com/sqllock/sqllock/locktest"
 	"github.com/sqllock/sqllock/testdb"
 )
@@ -39,16 +40,17 @@ func newLocker(t testing.TB, db *sql.DB, d sqllock.Dialect, opts ...Option) *Loc
 	return l
 }
 
-// deleteRow deletes the lease row of name from outside.
+// deleteRow deletes the lease row of name from outside, by primary key (a DELETE by
+// name would scan, and on MySQL lock, the whole table, which other tests share).
 func deleteRow(t testing.TB, admin *sql.DB, d sqllock.Dialect, name string) {
 	t.Helper()
-	q := "DELETE FROM sqllock_lease WHERE name = ?"
+	q := "DELETE FROM sqllock_lease WHERE lock_key = ?"
 	if d == sqllock.Postgres {
-		q = "DELETE FROM sqllock_lease WHERE name = $1"
+		q = "DELETE FROM sqllock_lease WHERE lock_key = $1"
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	res, err := admin.ExecContext(ctx, q, []byte(name))
+	res, err := admin.ExecContext(ctx, q, namekey.Key(name))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -93,12 +93,45 @@ SELECT count(*), string_agg(pg_notify('` + channel + `', encode(lock_key, 'hex')
 	checkPostgres = `SELECT 1 FROM sqllock_lease WHERE lock_key = $1 AND owner = $2 AND token = $3 AND expires_at > clock_timestamp() FOR SHARE`
 	checkMySQL    = `SELECT 1 FROM sqllock_lease WHERE lock_key = ? AND owner = ? AND token = ? AND expires_at > UTC_TIMESTAMP(6) LOCK IN SHARE MODE`
 
-	// sweep deletes at most $2 rows that expired more than $1 µs ago, oldest first.
-	// SKIP LOCKED lets reapers on every node run at once without waiting on each
-	// other; the outer condition re-checks expiry on the locked row.
-	sweepPostgres = `DELETE FROM sqllock_lease WHERE lock_key IN (
+	// sweepPostgres deletes at most $2 rows that expired more than $1 µs ago, oldest
+	// first, and returns how many candidates it locked and how many it deleted. The
+	// candidates are locked FOR UPDATE SKIP LOCKED in a materialised CTE (evaluated
+	// once, so a batch never exceeds $2): reapers on every node take disjoint batches,
+	// and a row that a Release, renewal or takeover has locked is skipped, not waited
+	// for. The reaper therefore never waits for a lock and cannot be part of a
+	// deadlock; an acquirer taking over an expired row that a batch holds waits at
+	// most for that one short statement. The DELETE re-checks expiry on the locked
+	// rows. PostgreSQL has no gap locks: nothing but the candidates is locked.
+	sweepPostgres = `WITH c AS MATERIALIZED (
   SELECT lock_key FROM sqllock_lease WHERE expires_at < clock_timestamp() - $1::bigint * interval '1 microsecond'
-  ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED)
-AND expires_at < clock_timestamp() - $1::bigint * interval '1 microsecond'`
-	sweepMySQL = `DELETE FROM sqllock_lease WHERE expires_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND ORDER BY expires_at LIMIT ?`
+  ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED
+), d AS (
+  DELETE FROM sqllock_lease l USING c
+  WHERE l.lock_key = c.lock_key AND l.expires_at < clock_timestamp() - $1::bigint * interval '1 microsecond'
+  RETURNING 1
+)
+SELECT (SELECT count(*) FROM c), (SELECT count(*) FROM d)`
+
+	// MySQL sweeps in two statements, so that a batch locks only the rows it deletes,
+	// by primary key. A locking range scan of the expires_at index (DELETE ... WHERE
+	// expires_at < ? ORDER BY expires_at LIMIT n) takes next-key locks on the index
+	// range and on the first entry past it, or, when the optimizer prefers a table
+	// scan, locks every row it reads, live leases included; it then deadlocks with
+	// Release, renewals and takeovers (error 1213, seen in CI).
+	//
+	// sweepSelectMySQL picks the candidates with a plain consistent read: no locks.
+	// ? grace µs, limit.
+	sweepSelectMySQL = `SELECT lock_key FROM sqllock_lease WHERE expires_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND
+ORDER BY expires_at LIMIT ?`
+	// sweepDeleteMySQL (followed by the IN list of candidate keys, see
+	// Sweeper.SweepBatch) deletes those candidates that are still expired when their
+	// row lock is taken: a row taken over since the SELECT is kept. FORCE INDEX
+	// (PRIMARY), in the multi-table form of DELETE that accepts it, makes the primary
+	// key the only access path, whatever the statistics say (on a small table the
+	// optimizer otherwise prefers a full scan, which at REPEATABLE READ locks every row
+	// it reads, live ones included): rows are locked one by one in key order, so
+	// concurrent reapers cannot deadlock with each other, and no index range of
+	// expires_at is locked. ? grace µs, then the keys.
+	sweepDeleteMySQL = `DELETE l FROM sqllock_lease l FORCE INDEX (PRIMARY)
+WHERE l.expires_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND AND l.lock_key IN (`
 )

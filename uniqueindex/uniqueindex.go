@@ -72,6 +72,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -91,9 +92,15 @@ const (
 	DefaultAttemptTimeout = 10 * time.Second
 )
 
-// maxTransient is how many transient errors in a row (deadlock, serialization
-// failure, duplicate key) TryAcquire absorbs before it reports ErrNotAcquired.
+// maxTransient is how many times a statement that meets a transient error (deadlock,
+// serialization failure, lock wait timeout, duplicate key) is sent in a row: by
+// TryAcquire before it reports ErrNotAcquired, by Release and Refresh before they
+// report the error (wrapped in a *sqllock.Error).
 const maxTransient = 5
+
+// transientPolicy spaces those retries: short, jittered, so that the two sides of a
+// deadlock do not meet again in step.
+var transientPolicy = backoff.Policy{Min: 2 * time.Millisecond, Max: 64 * time.Millisecond}
 
 // Option configures a Locker.
 type Option func(*config)
@@ -144,6 +151,34 @@ type Locker struct {
 	stmtMu sync.RWMutex
 	stmts  map[string]*sql.Stmt // MySQL: prepared once, reused on every connection
 	noPrep bool                 // after Close, or if preparing failed
+
+	onTransient func(op string, err error) // test hook: a transient error is retried
+}
+
+// retryTransient runs f until it returns nil or an error that is not transient, at
+// most maxTransient times, sleeping a short jittered backoff (or until ctx ends)
+// between attempts. It returns f's last error. f must be safe to repeat: every
+// statement it sends is atomic, and a deadlock or lock wait timeout rolls the
+// statement back.
+func (l *Locker) retryTransient(ctx context.Context, op string, f func() error) error {
+	for attempt := 1; ; attempt++ {
+		err := f()
+		if err == nil || !sqlerr.Transient(err) || attempt >= maxTransient {
+			return err
+		}
+		l.transient(op, err)
+		if backoff.Sleep(ctx, transientPolicy.Delay(attempt-1), nil) != nil {
+			return err
+		}
+	}
+}
+
+// transient notes a transient error about to be retried.
+func (l *Locker) transient(op string, err error) {
+	l.cfg.logger.Debug("sqllock/uniqueindex: transient error, retrying", "op", op, "err", err)
+	if l.onTransient != nil {
+		l.onTransient(op, err)
+	}
 }
 
 // New returns a Locker on db, which must have been migrated (migrations.Up). It
@@ -349,12 +384,18 @@ func (l *Locker) acquire(ctx context.Context, op, name string, opts []sqllock.Ac
 		case err == nil:
 			transient = 0
 		case sqlerr.Transient(err):
+			// A conflict with a concurrent attempt, release, renewal or sweep: it means
+			// "not acquired yet", never an error of the caller's.
 			transient++
 			if !wait && transient >= maxTransient {
 				freeSlot()
 				return nil, l.errorf(op, name, sqllock.ErrNotAcquired, err)
 			}
+			l.transient(op, err)
 			if !wait {
+				if err := backoff.Sleep(ctx, transientPolicy.Delay(transient-1), nil); err != nil {
+					return nil, l.errorf(op, name, sqllock.ErrNotAcquired, err)
+				}
 				continue
 			}
 		case wait && sqlerr.Is(err, sqlerr.SessionLost) && ctx.Err() == nil:
@@ -552,8 +593,9 @@ type Sweeper struct {
 }
 
 // NewSweeper returns the Sweeper of the lease table: each batch deletes rows whose
-// lease expired more than grace ago by the database clock, in one short statement.
-// Tokens are unaffected: they live in sqllock_fence, which is never swept.
+// lease expired more than grace ago by the database clock, in short statements that
+// lock only the rows they delete (see SweepBatch). Tokens are unaffected: they live
+// in sqllock_fence, which is never swept.
 func NewSweeper(db *sql.DB, d sqllock.Dialect, grace time.Duration) (*Sweeper, error) {
 	if db == nil || !d.Valid() || grace < 0 {
 		return nil, &sqllock.Error{Op: "new-sweeper", Dialect: d, Kind: sqllock.ErrInvalidOption,
@@ -565,18 +607,70 @@ func NewSweeper(db *sql.DB, d sqllock.Dialect, grace time.Duration) (*Sweeper, e
 // Name returns "sqllock_lease".
 func (s *Sweeper) Name() string { return "sqllock_lease" }
 
-// SweepBatch deletes at most limit expired rows and returns how many it deleted.
-func (s *Sweeper) SweepBatch(ctx context.Context, limit int) (int, error) {
-	q := sweepMySQL
-	if s.dialect == sqllock.Postgres {
-		q = sweepPostgres
+// SweepBatch deletes at most limit expired rows, oldest first, and returns how many
+// it deleted and whether the batch was full (limit candidates were found, so more may
+// be left).
+//
+// On PostgreSQL it is one statement that locks its candidates FOR UPDATE SKIP LOCKED
+// and deletes them: it never waits for a lock. On MySQL it reads the keys of the
+// candidates without locking, then deletes them by primary key in one statement that
+// re-checks their expiry, locking only those rows and no index range, so that live
+// leases (their Release, renewal or takeover) are never blocked by a sweep. A
+// deadlock or lock wait timeout is returned as is; the reaper retries the batch.
+func (s *Sweeper) SweepBatch(ctx context.Context, limit int) (deleted int, more bool, err error) {
+	if limit <= 0 {
+		return 0, false, nil
 	}
-	res, err := s.db.ExecContext(ctx, q, s.grace.Microseconds(), limit)
+	us := s.grace.Microseconds()
+	if s.dialect == sqllock.Postgres {
+		var cand, n int64
+		if err := s.db.QueryRowContext(ctx, sweepPostgres, us, limit).Scan(&cand, &n); err != nil {
+			return 0, false, err
+		}
+		return int(n), cand >= int64(limit), nil
+	}
+	keys, err := s.candidates(ctx, us, limit)
+	if err != nil || len(keys) == 0 {
+		return 0, false, err
+	}
+	var q strings.Builder
+	q.Grow(len(sweepDeleteMySQL) + 2*len(keys) + 1)
+	q.WriteString(sweepDeleteMySQL)
+	args := make([]any, 0, len(keys)+1)
+	args = append(args, us)
+	for i, k := range keys {
+		if i > 0 {
+			q.WriteByte(',')
+		}
+		q.WriteByte('?')
+		args = append(args, k)
+	}
+	q.WriteByte(')')
+	res, err := s.db.ExecContext(ctx, q.String(), args...)
 	if err != nil {
-		return 0, err
+		return 0, false, err
 	}
 	n, err := res.RowsAffected()
-	return int(n), err
+	return int(n), len(keys) >= limit, err
+}
+
+// candidates returns the keys of at most limit rows expired more than us µs ago, read
+// without locks (a consistent read).
+func (s *Sweeper) candidates(ctx context.Context, us int64, limit int) ([][]byte, error) {
+	rows, err := s.db.QueryContext(ctx, sweepSelectMySQL, us, limit)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	keys := make([][]byte, 0, min(limit, 1024))
+	for rows.Next() {
+		var k []byte
+		if err := rows.Scan(&k); err != nil {
+			return nil, err
+		}
+		keys = append(keys, k)
+	}
+	return keys, rows.Err()
 }
 
 // hexKey is the NOTIFY payload of a key.
