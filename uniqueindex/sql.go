@@ -65,10 +65,6 @@ ON DUPLICATE KEY UPDATE
   sqllock_lease.expires_at  = IF(sqllock_lease.expires_at <= UTC_TIMESTAMP(6) OR (? AND sqllock_lease.owner = VALUES(owner)),
                    GREATEST(sqllock_lease.expires_at, VALUES(expires_at)), sqllock_lease.expires_at)`
 
-	// fenceNextMySQL is internal/fence's increment (same SQL), prepared by the Locker.
-	fenceNextMySQL = `INSERT INTO sqllock_fence (lock_key, name, token) VALUES (?, ?, 1)
-ON DUPLICATE KEY UPDATE token = LAST_INSERT_ID(token + 1)`
-
 	// renew extends the lease if the row is still this lease's (key, owner, token).
 	renewPostgres = `UPDATE sqllock_lease SET expires_at = GREATEST(expires_at, clock_timestamp() + $4::bigint * interval '1 microsecond')
 WHERE lock_key = $1 AND owner = $2 AND token = $3`

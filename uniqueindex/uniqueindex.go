@@ -78,6 +78,7 @@ import (
 
 	"github.com/sqllock/sqllock"
 	"github.com/sqllock/sqllock/internal/backoff"
+	"github.com/sqllock/sqllock/internal/fence"
 	"github.com/sqllock/sqllock/internal/namekey"
 	"github.com/sqllock/sqllock/internal/sqlerr"
 )
@@ -476,18 +477,11 @@ func (l *Locker) attempt(ctx context.Context, key []byte, name string, owner []b
 
 // fenceNext is fence.Next on MySQL, through a prepared statement.
 func (l *Locker) fenceNext(ctx context.Context, key []byte, name string) (int64, error) {
-	res, err := l.exec(ctx, fenceNextMySQL, key, []byte(name))
+	res, err := l.exec(ctx, fence.NextMySQL, key, []byte(name))
 	if err != nil {
 		return 0, err
 	}
-	n, err := res.RowsAffected()
-	if err != nil {
-		return 0, err
-	}
-	if n == 1 {
-		return 1, nil
-	}
-	return res.LastInsertId()
+	return fence.MySQLToken(res)
 }
 
 // queue is the in-process FIFO of one Locker's waiters for one key: a one-slot

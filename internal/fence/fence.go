@@ -24,9 +24,11 @@ type Execer interface {
 const (
 	nextPostgres = `INSERT INTO sqllock_fence (lock_key, name, token) VALUES ($1, $2, 1)
 ON CONFLICT (lock_key) DO UPDATE SET token = sqllock_fence.token + 1 RETURNING token`
-	// LAST_INSERT_ID(expr) makes the new value the statement's insert id, so one round
-	// trip both increments and returns it. A fresh row affects 1 row and has token 1.
-	nextMySQL = `INSERT INTO sqllock_fence (lock_key, name, token) VALUES (?, ?, 1)
+	// NextMySQL is the MySQL increment, for callers that prepare it themselves; read
+	// its result with MySQLToken. LAST_INSERT_ID(expr) makes the new value the
+	// statement's insert id, so one round trip both increments and returns it. A fresh
+	// row affects 1 row and has token 1.
+	NextMySQL = `INSERT INTO sqllock_fence (lock_key, name, token) VALUES (?, ?, 1)
 ON DUPLICATE KEY UPDATE token = LAST_INSERT_ID(token + 1)`
 )
 
@@ -40,10 +42,15 @@ func Next(ctx context.Context, q Execer, d sqllock.Dialect, name string) (int64,
 		err := q.QueryRowContext(ctx, nextPostgres, key, []byte(name)).Scan(&tok)
 		return tok, err
 	}
-	res, err := q.ExecContext(ctx, nextMySQL, key, []byte(name))
+	res, err := q.ExecContext(ctx, NextMySQL, key, []byte(name))
 	if err != nil {
 		return 0, err
 	}
+	return MySQLToken(res)
+}
+
+// MySQLToken returns the token set by NextMySQL from its result.
+func MySQLToken(res sql.Result) (int64, error) {
 	n, err := res.RowsAffected()
 	if err != nil {
 		return 0, err
