@@ -29,7 +29,9 @@
 // database rolls the transaction back: the lock is free at once and nothing of the
 // work done in Lease.Tx commits. The lease notices within about one keepalive interval
 // (WithKeepalive), from another pooled connection, and then closes Done and reports
-// ErrLost; Release returns ErrLost. Because the database frees the lock the instant
+// ErrLost; Release returns ErrLost. (On PostgreSQL the check compares the session's
+// backend_start with the lease's transaction start, so that a new session reusing the
+// pid is not taken for the lease's.) Because the database frees the lock the instant
 // the session dies, another client may acquire it before the lease notices; this is
 // safe for writes made through Lease.Tx, which can no longer commit, but not for side
 // effects outside the database: pass Lease.Token to such resources.
@@ -57,8 +59,19 @@
 // you bound any transaction.
 //
 // An acquisition costs four statements, contended or not: BEGIN, the locking read
-// (SELECT ... FOR UPDATE), the token statement, and COMMIT at release. On PostgreSQL
-// a ctx deadline becomes a transaction-local lock_timeout set by the locking read and
-// reset by the token statement, at no extra statement. A waiter sends nothing while it
-// waits: the database queues it on the row lock and wakes it when the holder ends.
+// (SELECT ... FOR UPDATE), the token statement, and COMMIT at release; three with
+// WithoutToken, as many as a hand-written locking transaction. A ctx deadline bounds
+// the wait on the server too, at no extra statement: on PostgreSQL a
+// transaction-local lock_timeout set by the locking read and reset by the token
+// statement (or by the locking read itself, WithoutToken); on MySQL a statement-scoped
+// innodb_lock_wait_timeout (SET STATEMENT on MariaDB, a SET_VAR hint on MySQL 8; the
+// server's version is asked once per Locker). A waiter sends nothing while it waits:
+// the database queues it on the row lock and wakes it when the holder ends.
+//
+// Interrupting a waiter whose ctx ended needs no pooled connection on PostgreSQL with
+// pgx (cancel requests go out of band). On MySQL, KILL QUERY is sent from a pooled
+// connection only if one is free at once; otherwise the waiter's connection is
+// closed, and the server keeps the dead waiter queued until the bound of the ctx
+// deadline (at most about a second past it) or, without a deadline, until it is
+// granted the lock, which it then gives up at once.
 package forupdate

@@ -3,11 +3,15 @@ package forupdate
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/sqllock/sqllock"
 	"github.com/sqllock/sqllock/internal/backoff"
@@ -31,6 +35,7 @@ const (
 type Option func(*config)
 
 type config struct {
+	noToken    bool
 	isolation  sql.IsolationLevel
 	maxWaiters int
 	keepalive  time.Duration
@@ -92,6 +97,16 @@ func WithKeepalive(interval time.Duration) Option {
 	}
 }
 
+// WithoutToken makes leases without a fencing token: Lease.Token returns 0 and the
+// acquisition sends no token statement, so that it is BEGIN, the locking read and, at
+// release, COMMIT, the cost of a hand-written SELECT ... FOR UPDATE transaction. It
+// is for callers who only need the lock to be atomic with the writes they make in
+// Lease.Tx and who pass no fencing token to anything. The default draws a token per
+// acquisition, which on MySQL makes every acquisition a durable write.
+func WithoutToken() Option {
+	return func(c *config) { c.noToken = true }
+}
+
 // WithLogger sets the logger for keepalive failures and lost leases. Default: none.
 func WithLogger(l *slog.Logger) Option {
 	return func(c *config) {
@@ -112,6 +127,10 @@ type Locker struct {
 	cfg     config
 	txOpts  *sql.TxOptions
 	waiters chan struct{}
+
+	queued atomic.Int64 // Lock calls waiting in the process for a waiter slot
+	inDB   atomic.Int64 // statements that may wait for a lock, under way
+	flavor atomic.Int32 // MySQL server flavour (flavor*), asked once
 }
 
 var _ sqllock.Locker = (*Locker)(nil)
@@ -172,11 +191,15 @@ func (l *Locker) TryAcquire(ctx context.Context, name string, opts ...sqllock.Ac
 
 // Lock waits until it holds the lock name or ctx ends, and returns the lease, whose
 // Tx is the open transaction holding the row lock. The waiting happens in the
-// database, on one pooled connection (see WithMaxWaiters). On PostgreSQL a deadline of
-// ctx becomes the statement's lock_timeout; on MySQL, and when ctx is cancelled, the
-// waiting statement is interrupted with KILL QUERY or pg_cancel_backend from another
-// pooled connection, so the wait ends within milliseconds of ctx and no waiter is left
-// queued on the server. When ctx ends first, the error matches both
+// database, on one pooled connection (see WithMaxWaiters). A deadline of ctx becomes
+// a server-side bound of the wait (PostgreSQL: lock_timeout; MySQL: a
+// statement-scoped innodb_lock_wait_timeout, rounded up to whole seconds). When ctx
+// ends first, the wait is interrupted without taking a pooled connection if none is
+// free: on PostgreSQL with pgx by out-of-band cancel requests; otherwise by KILL QUERY
+// (pg_cancel_backend) from a connection that is free at once, or else by closing the
+// waiter's connection, in which case the server drops its waiter at the deadline's
+// bound or, without a deadline, when it is granted the lock. Either way Lock returns
+// within milliseconds of ctx's end, with an error matching both
 // sqllock.ErrNotAcquired and ctx.Err(), and no lock is held, even if the database
 // granted it at that instant. Deadlocks, serialization failures and server lock wait
 // timeouts are retried. sqllock.WithOwner and sqllock.WithTTL are not supported: the
@@ -198,9 +221,12 @@ func (l *Locker) Lock(ctx context.Context, name string, opts ...sqllock.AcquireO
 		if err == nil || !errors.Is(err, sqllock.ErrNotAcquired) || ctx.Err() != nil {
 			return lease, err
 		}
+		l.queued.Add(1)
 		select {
 		case l.waiters <- struct{}{}:
+			l.queued.Add(-1)
 		case <-ctx.Done():
+			l.queued.Add(-1)
 			return nil, l.notAcquired(op, name, ctx.Err())
 		}
 	}
@@ -239,10 +265,14 @@ func (l *Locker) WithLock(ctx context.Context, name string, fn func(ctx context.
 
 // TryAcquireAny takes whichever of names is free, with FOR UPDATE SKIP LOCKED: the
 // job-claim pattern. On PostgreSQL it prefers names in the order given; on MySQL in
-// the order of their keys (an ORDER BY would make InnoDB lock every row it sorts). It does not wait for a
-// holder; if every name is held it returns an error matching sqllock.ErrNotAcquired.
-// The lease's Name tells which name it holds. Names that were never used are created
-// first (costing one more round trip for each missing row).
+// the order of their keys (an ORDER BY would make InnoDB lock every row it sorts). It
+// does not wait for a holder; if every name is held it returns an error matching
+// sqllock.ErrNotAcquired. The lease's Name tells which name it holds, and no other
+// name of the list is locked by it. Names that were never used are created first
+// (one more round trip for each missing row). On MySQL the rows are checked and
+// created before the transaction, with one more statement per call, because at
+// REPEATABLE READ the locking read would gap-lock every missing key it probes for the
+// whole lease, blocking the creation of those names' rows.
 func (l *Locker) TryAcquireAny(ctx context.Context, names []string) (*Lease, error) {
 	const op = "try-acquire-any"
 	if len(names) == 0 {
@@ -309,6 +339,16 @@ func (l *Locker) check(op, name string, opts []sqllock.AcquireOption) error {
 	return nil
 }
 
+// ended reports whether ctx has ended, waiting for it to end if its deadline has
+// passed (an error met at the deadline, such as a dial timeout, may come before ctx's
+// timer fires).
+func ended(ctx context.Context) bool {
+	if dl, ok := ctx.Deadline(); ok && !time.Now().Before(dl) {
+		<-ctx.Done()
+	}
+	return ctx.Err() != nil
+}
+
 func (l *Locker) notAcquired(op, name string, cause error) error {
 	return &sqllock.Error{Op: op, Dialect: l.dialect, Name: name, Kind: sqllock.ErrNotAcquired, Err: cause}
 }
@@ -324,7 +364,7 @@ func (l *Locker) acquireLoop(ctx context.Context, op, name string, m mode, grant
 		if err == nil {
 			return lease, nil
 		}
-		if ctx.Err() != nil && !errors.Is(err, sqllock.ErrInvalidName) {
+		if ended(ctx) && !errors.Is(err, sqllock.ErrInvalidName) {
 			// Whatever happened, ctx ended during the attempt: report that.
 			return nil, l.notAcquired(op, name, ctx.Err())
 		}
@@ -356,12 +396,43 @@ func (l *Locker) acquireLoop(ctx context.Context, op, name string, m mode, grant
 	}
 }
 
-// waitTarget identifies a statement that may wait, so that it can be interrupted
-// from another connection: the backend pid on PostgreSQL, a marker comment in the
+// waitTarget identifies the session of an attempt, so that a statement of it that
+// waits can be interrupted from outside: the backend pid (and, with pgx, the
+// connection for out-of-band cancel requests) on PostgreSQL, a marker comment in the
 // statement text on MySQL.
 type waitTarget struct {
 	pid    int64
+	pgc    *pgconn.PgConn
 	marker string
+	flavor int32 // MySQL: server flavour, for serverWaitBound
+}
+
+func (l *Locker) newTarget(ctx context.Context, conn *sql.Conn) (waitTarget, error) {
+	t := waitTarget{marker: newMarker()}
+	var err error
+	if l.dialect == sqllock.Postgres {
+		t.pid, t.pgc, err = pgSession(ctx, conn)
+	} else {
+		t.flavor = l.myFlavor(ctx, conn)
+	}
+	return t, err
+}
+
+// grant is what a successful locking read returns.
+type grant struct {
+	sid   int64     // session id
+	token int64     // fencing token, 0 WithoutToken
+	since time.Time // PostgreSQL: the transaction's start, for the keepalive
+}
+
+// releaseConn returns conn to the pool, or closes its session if discard: a cancel
+// of uncertain fate may still reach it, or its connection was broken on purpose. Its
+// transaction, if any, must have ended (database/sql waits for it otherwise).
+func releaseConn(conn *sql.Conn, discard bool) {
+	if discard {
+		conn.Raw(func(any) error { return driver.ErrBadConn })
+	}
+	conn.Close()
 }
 
 // attempt makes one acquisition attempt on a fresh pooled connection.
@@ -373,17 +444,15 @@ func (l *Locker) attempt(ctx context.Context, op, name string, key []byte, m mod
 		}
 		return nil, &sqllock.Error{Op: op, Dialect: l.dialect, Name: name, Err: err}
 	}
-	keep := false
+	keep, discard := false, false
 	defer func() {
 		if !keep {
-			conn.Close()
+			releaseConn(conn, discard)
 		}
 	}()
-	target := waitTarget{marker: newMarker()}
-	if l.dialect == sqllock.Postgres {
-		if target.pid, err = pgSessionID(ctx, conn); err != nil {
-			return nil, l.classify(op, name, err)
-		}
+	target, err := l.newTarget(ctx, conn)
+	if err != nil {
+		return nil, l.classify(op, name, err)
 	}
 	for created := false; ; created = true {
 		// The transaction outlives ctx: it is the lease. database/sql rolls a
@@ -392,26 +461,35 @@ func (l *Locker) attempt(ctx context.Context, op, name string, key []byte, m mod
 		if err != nil {
 			return nil, l.classify(op, name, err)
 		}
-		sid, token, err := l.lockRow(ctx, tx, target, key, name, m, granted)
-		if err == nil {
-			if ctx.Err() != nil {
-				// Granted at the instant ctx ended: give it back.
-				tx.Rollback()
-				return nil, l.notAcquired(op, name, ctx.Err())
-			}
+		g, dirty, err := l.lockRow(ctx, tx, target, key, name, m, granted)
+		discard = discard || dirty
+		if err == nil && !discard {
 			keep = true
-			return l.newLease(name, token, sid, conn, tx), nil
+			return l.newLease(name, g, conn, tx), nil
 		}
 		// Whatever failed, end the whole transaction: on MySQL a lock wait timeout
 		// rolls back only the statement, and a missing row may have left a gap lock.
+		// Granted at the instant ctx ended: give it back.
 		tx.Rollback()
+		if discard {
+			// Only an interrupted wait breaks the session, and only once ctx ended.
+			return nil, l.notAcquired(op, name, context.Cause(ctx))
+		}
 		if !errors.Is(err, errNoRow) {
 			return nil, l.classify(op, name, err)
 		}
 		if created {
-			return nil, &sqllock.Error{Op: op, Dialect: l.dialect, Name: name, Err: errors.New("lock row still missing after it was created")}
+			// Created, yet missing: deleted in between. Try again.
+			return nil, retryErr{errors.New("lock row still missing after it was created")}
 		}
-		if err := l.createRow(ctx, conn, target, key, name, m); err != nil {
+		dirty, err = l.createRow(ctx, conn, target, key, name, m)
+		discard = discard || dirty
+		switch {
+		case discard:
+			return nil, l.notAcquired(op, name, context.Cause(ctx))
+		case errors.Is(err, errRowBusy):
+			return nil, l.notAcquired(op, name, err)
+		case err != nil:
 			return nil, l.classify(op, name, err)
 		}
 	}
@@ -431,57 +509,86 @@ func (l *Locker) classify(op, name string, err error) error {
 	return &sqllock.Error{Op: op, Dialect: l.dialect, Name: name, Err: err}
 }
 
-// lockRow takes the row lock of key in tx, then draws the new token and stores it
-// in the row. It returns the session id and the token, errNoRow if the row does not
-// exist, and in modeTry a LockTimeout-class error when the row is locked. granted is
+// lockRow takes the row lock of key in tx, then, unless WithoutToken, draws the new
+// token and stores it in the row. It returns errNoRow if the row does not exist, in
+// modeTry a LockTimeout-class error when the row is locked, and ctx's error when ctx
+// ended. dirty reports that the session must be discarded (see watched). granted is
 // called as soon as the row lock is held.
-func (l *Locker) lockRow(ctx context.Context, tx *sql.Tx, target waitTarget, key []byte, name string, m mode, granted func()) (sid, token int64, err error) {
-	// Statements that do not wait get ctx; the waiting one gets a context that does
-	// not end and is interrupted by watched (drivers close the connection when a
-	// statement's context ends, which would leave the waiter queued on the server).
+func (l *Locker) lockRow(ctx context.Context, tx *sql.Tx, target waitTarget, key []byte, name string, m mode, granted func()) (g grant, dirty bool, err error) {
+	var deadline time.Time
+	hasDeadline := false
+	if m == modeWait {
+		if deadline, hasDeadline = ctx.Deadline(); hasDeadline && time.Until(deadline) < time.Millisecond {
+			// Too little time left to wait: let ctx end and report that, like any
+			// other wait that ctx ended.
+			<-ctx.Done()
+			return g, false, ctx.Err()
+		}
+	}
+	// Statements that do not wait get ctx; the waiting one runs under watched.
 	nctx := context.WithoutCancel(ctx)
 	if l.dialect == sqllock.Postgres {
-		sid = target.pid
-		var one int
+		g.sid = target.pid
 		bump := pgBump
-		if m == modeTry {
-			err = tx.QueryRowContext(ctx, pgTry, key).Scan(&one)
-		} else {
-			query, args := pgLock, []any{key}
-			if deadline, ok := ctx.Deadline(); ok {
-				ms := time.Until(deadline).Milliseconds() + 1
-				if ms <= 1 {
-					return 0, 0, context.DeadlineExceeded
+		switch {
+		case m == modeTry:
+			err = tx.QueryRowContext(ctx, pgTry, key).Scan(&g.since)
+		case !hasDeadline:
+			dirty, err = l.watched(ctx, target, false, func(qctx context.Context) error {
+				return tx.QueryRowContext(qctx, pgLock, key).Scan(&g.since)
+			})
+		default:
+			timeout := fmt.Sprintf("%dms", time.Until(deadline).Milliseconds()+1)
+			dirty, err = l.watched(ctx, target, true, func(qctx context.Context) error {
+				if l.cfg.noToken {
+					var reset string
+					return tx.QueryRowContext(qctx, pgLockTimeoutReset, key, timeout).Scan(&g.since, &reset)
 				}
-				query, args, bump = pgLockTimeout, []any{key, fmt.Sprintf("%dms", ms)}, pgBumpReset
-			}
-			err = l.watched(ctx, target, func() error { return tx.QueryRowContext(nctx, query, args...).Scan(&one) })
+				return tx.QueryRowContext(qctx, pgLockTimeout, key, timeout).Scan(&g.since)
+			})
+			bump = pgBumpReset
 		}
-		if errors.Is(err, sql.ErrNoRows) {
-			return 0, 0, errNoRow
+		if err = l.locked(ctx, err, dirty, granted); err != nil || l.cfg.noToken {
+			return g, dirty, err
 		}
-		if err != nil {
-			return 0, 0, err
-		}
-		granted()
-		err = tx.QueryRowContext(nctx, bump, key).Scan(&token)
-		return sid, token, err
+		err = tx.QueryRowContext(nctx, bump, key).Scan(&g.token)
+		return g, false, err
 	}
 	if m == modeTry {
-		err = tx.QueryRowContext(ctx, myTry, key).Scan(&sid)
+		err = tx.QueryRowContext(ctx, myTry, key).Scan(&g.sid)
 	} else {
 		query := fmt.Sprintf(myLockFmt, target.marker)
-		err = l.watched(ctx, target, func() error { return tx.QueryRowContext(nctx, query, key).Scan(&sid) })
+		if hasDeadline {
+			query = serverWaitBound(target.flavor, time.Until(deadline), query)
+		}
+		dirty, err = l.watched(ctx, target, false, func(qctx context.Context) error {
+			return tx.QueryRowContext(qctx, query, key).Scan(&g.sid)
+		})
 	}
+	if err = l.locked(ctx, err, dirty, granted); err != nil || l.cfg.noToken {
+		return g, dirty, err
+	}
+	g.token, err = myReplace(nctx, tx, key, name)
+	return g, false, err
+}
+
+// locked maps the outcome of a locking read: errNoRow, the statement's error, or, if
+// the lock was granted, ctx's error if ctx ended (the caller gives the lock back).
+func (l *Locker) locked(ctx context.Context, err error, dirty bool, granted func()) error {
 	if errors.Is(err, sql.ErrNoRows) {
-		return 0, 0, errNoRow
+		return errNoRow
 	}
 	if err != nil {
-		return 0, 0, err
+		return err
 	}
 	granted()
-	token, err = myReplace(nctx, tx, key, name)
-	return sid, token, err
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if dirty {
+		return errors.New("session discarded")
+	}
+	return nil
 }
 
 // myReplace replaces the locked row of key (see myBump) and returns its new token.
@@ -493,13 +600,18 @@ func myReplace(ctx context.Context, tx *sql.Tx, key []byte, name string) (int64,
 	return res.LastInsertId()
 }
 
-// createRow creates the row of key in autocommit. On MySQL an INSERT that meets an
-// existing row waits for that row's lock (InnoDB's duplicate check takes a shared
-// lock); the statement is then interrupted when ctx ends, and in modeTry after a
-// short bound, which means the row exists.
-func (l *Locker) createRow(ctx context.Context, conn *sql.Conn, target waitTarget, key []byte, name string, m mode) error {
+// errRowBusy: a MySQL INSERT creating a lock row waited for a row lock, so the row
+// was created (or its key range locked) and is held by another transaction.
+var errRowBusy = errors.New("lock row is being created or held by another transaction")
+
+// createRow creates the row of key in autocommit on conn. On MySQL an INSERT that
+// meets an existing row waits for that row's lock (InnoDB's duplicate check takes a
+// shared lock); the statement is then interrupted when ctx ends, and in modeTry after
+// tryCreateWait, returning errRowBusy. dirty is as for watched.
+func (l *Locker) createRow(ctx context.Context, conn *sql.Conn, target waitTarget, key []byte, name string, m mode) (dirty bool, err error) {
 	if l.dialect == sqllock.Postgres {
-		return createRow(ctx, conn, l.dialect, key, name, "")
+		_, err := conn.ExecContext(ctx, pgCreate, key, []byte(name))
+		return false, err
 	}
 	wctx := ctx
 	if m == modeTry {
@@ -507,13 +619,21 @@ func (l *Locker) createRow(ctx context.Context, conn *sql.Conn, target waitTarge
 		wctx, cancel = context.WithTimeout(ctx, tryCreateWait)
 		defer cancel()
 	}
-	err := l.watched(wctx, target, func() error {
-		return createRow(context.WithoutCancel(ctx), conn, l.dialect, key, name, target.marker)
+	stmt := fmt.Sprintf(myCreateFmt, target.marker)
+	if deadline, ok := wctx.Deadline(); ok {
+		stmt = serverWaitBound(target.flavor, time.Until(deadline), stmt)
+	}
+	dirty, err = l.watched(wctx, target, false, func(qctx context.Context) error {
+		_, err := conn.ExecContext(qctx, stmt, key, []byte(name))
+		if sqlerr.Is(err, sqlerr.Duplicate) {
+			return nil
+		}
+		return err
 	})
 	if err != nil && wctx.Err() != nil && ctx.Err() == nil {
-		return nil // the row exists and is held; the next attempt will say so
+		return dirty, errRowBusy
 	}
-	return err
+	return dirty, err
 }
 
 // tryCreateWait bounds how long TryLock waits for an INSERT on MySQL that met a
@@ -524,56 +644,151 @@ const tryCreateWait = 500 * time.Millisecond
 // lock_timeout of its own is given before it is cancelled from outside.
 const cancelGrace = 200 * time.Millisecond
 
-// watched runs stmt, a statement that may wait for a lock (identified by target), and
-// interrupts it from another pooled connection if ctx ends first. The statement must
-// run with a context that does not end (drivers close the connection when the
-// statement's context ends, which leaves the server-side waiter queued).
-func (l *Locker) watched(ctx context.Context, target waitTarget, stmt func() error) error {
+// interruptGrace bounds how long cancel requests are tried after ctx ended before
+// the waiting statement's connection is broken instead.
+const interruptGrace = time.Second
+
+// poolCancelWait bounds the wait for a pooled connection to send KILL QUERY (or
+// pg_cancel_backend with a driver other than pgx) from.
+const poolCancelWait = 100 * time.Millisecond
+
+// watched runs stmt, a statement that may wait for a lock on target's session, with
+// a context of its own (drivers close the connection when a statement's context
+// ends, and a server-side waiter does not notice a closed connection: it would stay
+// queued). When ctx ends first, the wait is interrupted (interrupt); serverBound
+// tells that the statement has a lock_timeout of its own ending at ctx's deadline.
+// dirty reports that the session must be discarded: its connection was broken, or a
+// cancel whose delivery is uncertain may still reach a later statement.
+func (l *Locker) watched(ctx context.Context, target waitTarget, serverBound bool, stmt func(qctx context.Context) error) (dirty bool, err error) {
+	l.inDB.Add(1)
+	defer l.inDB.Add(-1)
 	if ctx.Done() == nil {
-		return stmt()
+		return false, stmt(ctx)
 	}
-	var mu sync.Mutex
-	finished := false
-	stop := make(chan struct{})
+	qctx, breakConn := context.WithCancel(context.WithoutCancel(ctx))
+	defer breakConn()
+	finished := make(chan struct{})
 	exited := make(chan struct{})
+	clean := true
 	go func() {
 		defer close(exited)
 		select {
-		case <-stop:
+		case <-finished:
 			return
 		case <-ctx.Done():
 		}
-		if l.dialect == sqllock.Postgres && errors.Is(ctx.Err(), context.DeadlineExceeded) {
-			// lock_timeout ends the wait on the server; cancel only as a backstop.
+		if serverBound && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			// lock_timeout ends the wait on the server; interrupt only as a backstop.
 			t := time.NewTimer(cancelGrace)
 			defer t.Stop()
 			select {
-			case <-stop:
+			case <-finished:
 				return
 			case <-t.C:
 			}
 		}
-		mu.Lock()
-		defer mu.Unlock()
-		if finished {
+		select {
+		case <-finished:
 			return
+		default:
 		}
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		if err := cancelStatement(cctx, l.db, l.dialect, target.pid, target.marker); err != nil {
-			l.cfg.logger.Warn("sqllock/forupdate: cancelling a lock wait failed", "target", target, "err", err)
-		}
+		clean = l.interrupt(target, finished, breakConn)
 	}()
-	err := stmt()
+	err = stmt(qctx)
 	// No other statement may start on the session while a cancel of this one is on
-	// its way: wait for it to complete. A cancel that arrives between statements is
+	// its way: wait for the interrupter. A cancel that arrives between statements is
 	// ignored by both servers.
-	mu.Lock()
-	finished = true
-	mu.Unlock()
-	close(stop)
+	close(finished)
 	<-exited
-	return err
+	return !clean, err
+}
+
+// interrupt ends the waiting statement of target, whose ctx ended, and reports
+// whether the session is clean once finished is closed. PostgreSQL with pgx: cancel
+// requests, sent out of band (no pooled connection), repeated until the statement
+// returns. Otherwise: KILL QUERY (pg_cancel_backend) from a pooled connection, but
+// only if one is free at once, so that a full pool does not hold up the
+// cancellation. If the statement has not returned within interruptGrace, or no
+// connection was free, the waiter's connection is broken (the server then ends the
+// wait at its lock wait timeout, which a deadline bounds, or when the lock is
+// granted to the dead session, which it gives up at once).
+func (l *Locker) interrupt(target waitTarget, finished <-chan struct{}, breakConn func()) bool {
+	until := time.Now().Add(interruptGrace)
+	var clean bool
+	if target.pgc != nil {
+		clean = l.cancelRequests(target.pgc, finished, until)
+	} else {
+		clean = l.cancelFromPool(target, finished, until)
+	}
+	if !clean {
+		breakConn()
+	}
+	return clean
+}
+
+// cancelRequests sends PostgreSQL cancel requests for pgc's session until finished
+// is closed or until. It reports whether finished was closed with every request
+// acknowledged by the server (so none can reach a later statement).
+func (l *Locker) cancelRequests(pgc *pgconn.PgConn, finished <-chan struct{}, until time.Time) bool {
+	certain := true
+	for pause := 10 * time.Millisecond; time.Now().Before(until); pause = min(2*pause, 200*time.Millisecond) {
+		cctx, cancel := context.WithDeadline(context.Background(), until)
+		err := pgc.CancelRequest(cctx)
+		if err != nil || cctx.Err() != nil {
+			// Not sent, or sent without the server's acknowledgement: it may still
+			// arrive later.
+			certain = false
+			l.cfg.logger.Warn("sqllock/forupdate: cancel request failed", "pid", pgc.PID(), "err", err)
+		}
+		cancel()
+		t := time.NewTimer(min(pause, max(time.Until(until), 0)))
+		select {
+		case <-finished:
+			t.Stop()
+			return certain
+		case <-t.C:
+		}
+	}
+	return false
+}
+
+// cancelFromPool interrupts target's statement from a pooled connection, if one is
+// free at once, repeating until finished is closed or until. It reports whether
+// finished was closed with every cancel statement completed.
+func (l *Locker) cancelFromPool(target waitTarget, finished <-chan struct{}, until time.Time) bool {
+	if st := l.db.Stats(); st.MaxOpenConnections > 0 && st.Idle == 0 && st.OpenConnections >= st.MaxOpenConnections {
+		l.cfg.logger.Warn("sqllock/forupdate: no free connection to interrupt a lock wait from: breaking its connection", "target", target.marker)
+		return false
+	}
+	cctx, cancel := context.WithDeadline(context.Background(), until)
+	defer cancel()
+	gctx, gcancel := context.WithTimeout(cctx, poolCancelWait)
+	conn, err := l.db.Conn(gctx)
+	gcancel()
+	if err != nil {
+		l.cfg.logger.Warn("sqllock/forupdate: no connection to interrupt a lock wait from: breaking its connection", "target", target.marker, "err", err)
+		return false
+	}
+	for pause := 10 * time.Millisecond; ; pause = min(2*pause, 200*time.Millisecond) {
+		// Not found: the statement has not started waiting yet, or has returned.
+		if _, err := cancelOn(cctx, conn, l.dialect, target.pid, target.marker); err != nil {
+			l.cfg.logger.Warn("sqllock/forupdate: interrupting a lock wait failed", "target", target.marker, "err", err)
+			releaseConn(conn, true)
+			return false
+		}
+		t := time.NewTimer(pause)
+		select {
+		case <-finished:
+			t.Stop()
+			conn.Close()
+			return true
+		case <-cctx.Done():
+			t.Stop()
+			conn.Close()
+			return false
+		case <-t.C:
+		}
+	}
 }
 
 // anyAttempt makes one TryAcquireAny attempt.
@@ -585,23 +800,34 @@ func (l *Locker) anyAttempt(ctx context.Context, op string, keys [][]byte, names
 		}
 		return nil, &sqllock.Error{Op: op, Dialect: l.dialect, Err: err}
 	}
-	keep := false
+	keep, discard := false, false
 	defer func() {
 		if !keep {
-			conn.Close()
+			releaseConn(conn, discard)
 		}
 	}()
 	fail := func(err error) (*Lease, error) {
-		if ctx.Err() != nil {
+		if ended(ctx) {
 			return nil, l.notAcquired(op, "", ctx.Err())
 		}
-		err = l.classify(op, "", err)
-		return nil, err
+		return nil, l.classify(op, "", err)
 	}
-	target := waitTarget{marker: newMarker()}
-	if l.dialect == sqllock.Postgres {
-		if target.pid, err = pgSessionID(ctx, conn); err != nil {
+	target, err := l.newTarget(ctx, conn)
+	if err != nil {
+		return fail(err)
+	}
+	if l.dialect == sqllock.MySQL {
+		// At REPEATABLE READ the locking read below would gap-lock the key of every
+		// missing row it probes, for the whole lease: create them first.
+		keys, discard, err = l.ensureRows(ctx, conn, target, keys, names)
+		if discard && ctx.Err() == nil {
+			return nil, retryErr{errors.New("session discarded while creating lock rows")}
+		}
+		if err != nil || discard {
 			return fail(err)
+		}
+		if len(keys) == 0 {
+			return nil, l.notAcquired(op, "", errors.New("every name is held"))
 		}
 	}
 	for created := false; ; created = true {
@@ -610,24 +836,24 @@ func (l *Locker) anyAttempt(ctx context.Context, op string, keys [][]byte, names
 			return fail(err)
 		}
 		var key []byte
-		var token, sid int64
+		var g grant
 		if l.dialect == sqllock.Postgres {
-			sid = target.pid
-			err = tx.QueryRowContext(ctx, pgAny, keys).Scan(&key)
-			if err == nil {
-				err = tx.QueryRowContext(ctx, pgBump, key).Scan(&token)
+			g.sid = target.pid
+			err = tx.QueryRowContext(ctx, pgAny, keys).Scan(&key, &g.since)
+			if err == nil && !l.cfg.noToken {
+				err = tx.QueryRowContext(ctx, pgBump, key).Scan(&g.token)
 			}
 		} else {
 			var name []byte
 			q := fmt.Sprintf(myAnyFmt, placeholders(len(keys)))
-			err = tx.QueryRowContext(ctx, q, anyArgs(keys, 1)...).Scan(&key, &name, &sid)
-			if err == nil {
-				token, err = myReplace(ctx, tx, key, string(name))
+			err = tx.QueryRowContext(ctx, q, anyArgs(keys, 1)...).Scan(&key, &name, &g.sid)
+			if err == nil && !l.cfg.noToken {
+				g.token, err = myReplace(ctx, tx, key, string(name))
 			}
 		}
 		if err == nil && ctx.Err() == nil {
 			keep = true
-			return l.newLease(byKey[string(key)], token, sid, conn, tx), nil
+			return l.newLease(byKey[string(key)], g, conn, tx), nil
 		}
 		tx.Rollback()
 		if !errors.Is(err, sql.ErrNoRows) {
@@ -636,18 +862,52 @@ func (l *Locker) anyAttempt(ctx context.Context, op string, keys [][]byte, names
 			}
 			return fail(err)
 		}
-		// Nothing free: every row is locked, or some rows do not exist yet.
+		if l.dialect == sqllock.MySQL || created {
+			return nil, l.notAcquired(op, "", errors.New("every name is held"))
+		}
+		// PostgreSQL: nothing free; every row is locked, or some rows do not exist yet
+		// (a missing row takes no lock there).
 		missing, err := missingRows(ctx, conn, l.dialect, keys)
 		if err != nil {
 			return fail(err)
 		}
-		if len(missing) == 0 || created {
+		if len(missing) == 0 {
 			return nil, l.notAcquired(op, "", errors.New("every name is held"))
 		}
 		for _, i := range missing {
-			if err := l.createRow(ctx, conn, target, keys[i], names[i], modeTry); err != nil {
+			if _, err := l.createRow(ctx, conn, target, keys[i], names[i], modeTry); err != nil {
 				return fail(err)
 			}
 		}
 	}
+}
+
+// ensureRows creates, in autocommit on conn, the missing rows of keys (names[i] is
+// the name of keys[i]) and returns the keys that have a row, leaving out those whose
+// INSERT met a row lock (created and held by another client: busy).
+func (l *Locker) ensureRows(ctx context.Context, conn *sql.Conn, target waitTarget, keys [][]byte, names []string) (existing [][]byte, dirty bool, err error) {
+	missing, err := missingRows(ctx, conn, l.dialect, keys)
+	if err != nil || len(missing) == 0 {
+		return keys, false, err
+	}
+	busy := make(map[int]bool, len(missing))
+	for _, i := range missing {
+		dirty, err := l.createRow(ctx, conn, target, keys[i], names[i], modeTry)
+		if dirty {
+			return nil, true, err
+		}
+		if errors.Is(err, errRowBusy) {
+			busy[i] = true
+			continue
+		}
+		if err != nil {
+			return nil, false, err
+		}
+	}
+	for i, k := range keys {
+		if !busy[i] {
+			existing = append(existing, k)
+		}
+	}
+	return existing, false, nil
 }

@@ -259,21 +259,23 @@ func TestPoolNotExhausted(t *testing.T) {
 	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
 		db := testdb.Open(t, d)
 		db.SetMaxOpenConns(10)
-		l := newLocker(t, db, d, forupdate.WithMaxWaiters(4))
+		// The holder's keepalive would borrow a connection now and then: keep it out
+		// of the count, which is about waiters.
+		l := newLocker(t, db, d, forupdate.WithMaxWaiters(4), forupdate.WithKeepalive(time.Hour))
 		name := testdb.Name(t)
 		ctx := ctxFor(t, 60*time.Second)
 		holder, err := l.Lock(ctx, name)
 		if err != nil {
 			t.Fatal(err)
 		}
+		const waiters, slots = 100, 4
 		var wg sync.WaitGroup
-		var started, acquired atomic.Int64
-		errs := make(chan error, 100)
-		for i := 0; i < 100; i++ {
+		var acquired atomic.Int64
+		errs := make(chan error, waiters)
+		for i := 0; i < waiters; i++ {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				started.Add(1)
 				lease, err := l.Lock(ctx, name)
 				if err != nil {
 					errs <- err
@@ -283,17 +285,25 @@ func TestPoolNotExhausted(t *testing.T) {
 				errs <- lease.Release(ctx)
 			}()
 		}
-		// Wait until the waiters fill their slots (4 waiting in the database).
-		deadline := time.Now().Add(10 * time.Second)
-		for started.Load() < 100 || db.Stats().InUse < 5 {
-			if time.Now().After(deadline) {
-				t.Fatalf("waiters did not start: %d started, %d connections in use", started.Load(), db.Stats().InUse)
+		// Settled: every slot taken by a waiter blocked in the database, every other
+		// caller past its NOWAIT attempt and waiting in the process.
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			inSlots, queued, inDB := l.WaitState()
+			if inSlots == slots && queued == waiters-slots && inDB == slots {
+				break
 			}
-			time.Sleep(10 * time.Millisecond)
+			if time.Now().After(deadline) {
+				t.Fatalf("waiters did not settle: %d in slots, %d queued, %d waiting in the database", inSlots, queued, inDB)
+			}
+			select {
+			case err := <-errs:
+				t.Fatalf("a waiter returned while the lock was held: %v", err)
+			case <-time.After(5 * time.Millisecond):
+			}
 		}
-		time.Sleep(100 * time.Millisecond) // let the burst settle on the semaphore
-		if n := db.Stats().InUse; n > 5 {
-			t.Errorf("%d connections in use, want at most 4 waiters + 1 holder", n)
+		if n := db.Stats().InUse; n > slots+1 {
+			t.Errorf("%d connections in use, want at most %d waiters + 1 holder", n, slots)
 		}
 		qctx, cancel := context.WithTimeout(ctx, time.Second)
 		start := time.Now()

@@ -23,6 +23,7 @@ type Lease struct {
 	name    string
 	token   int64
 	session int64
+	since   time.Time // PostgreSQL: a time the session was alive (see pgAlive)
 	conn    *sql.Conn
 	tx      *sql.Tx
 	st      *leasestate.State
@@ -30,18 +31,19 @@ type Lease struct {
 	mu    sync.Mutex // serialises the end of the transaction
 	ended bool
 
-	stop   chan struct{} // closed to stop the keepalive
-	exited chan struct{} // closed when the keepalive returned
+	stop   context.CancelFunc // stops the keepalive, and cancels a check under way
+	exited chan struct{}      // closed when the keepalive returned
 }
 
 var _ sqllock.Lease = (*Lease)(nil)
 
-func (l *Locker) newLease(name string, token, session int64, conn *sql.Conn, tx *sql.Tx) *Lease {
+func (l *Locker) newLease(name string, g grant, conn *sql.Conn, tx *sql.Tx) *Lease {
+	kctx, stop := context.WithCancel(context.Background())
 	lease := &Lease{
-		l: l, name: name, token: token, session: session, conn: conn, tx: tx,
-		st: leasestate.New(), stop: make(chan struct{}), exited: make(chan struct{}),
+		l: l, name: name, token: g.token, session: g.sid, since: g.since, conn: conn, tx: tx,
+		st: leasestate.New(), stop: stop, exited: make(chan struct{}),
 	}
-	go lease.keepalive()
+	go lease.keepalive(kctx)
 	return lease
 }
 
@@ -52,7 +54,7 @@ func (s *Lease) Name() string { return s.name }
 // that rollbacks do not undo: strictly greater than the token of every earlier
 // acquisition of the name, including acquisitions that rolled back or were lost. It
 // is stored in the lock row and committed by Release together with the work done in
-// Tx.
+// Tx. It is 0 for a Locker made WithoutToken.
 func (s *Lease) Token() int64 { return s.token }
 
 // Tx returns the transaction that holds the lock. Do the protected work through it:
@@ -77,18 +79,23 @@ func (s *Lease) Err() error { return s.st.Err() }
 // session was lost (nothing was committed), or an *sqllock.Error carrying the COMMIT's
 // error if the commit failed otherwise (a deferred constraint, a serialization
 // failure: nothing was committed, the lock is free). Later calls return nil, or
-// ErrLost again. database/sql gives COMMIT no context: ctx is only checked before.
-func (s *Lease) Release(ctx context.Context) error { return s.end(ctx, "release", true) }
+// ErrLost again.
+//
+// ctx is not used: database/sql gives COMMIT no context, and Release commits even if
+// ctx has ended, because a caller whose context ended after its work was done must
+// not lose that work silently. To discard the work, call Rollback.
+func (s *Lease) Release(ctx context.Context) error { return s.end("release", true) }
 
 // Rollback rolls the transaction back, discarding the work done in Tx, and frees the
-// lock. Like Release it is safe to call more than once, and after Release.
-func (s *Lease) Rollback(ctx context.Context) error { return s.end(ctx, "rollback", false) }
+// lock. Like Release it is safe to call more than once, and after Release; ctx is not
+// used.
+func (s *Lease) Rollback(ctx context.Context) error { return s.end("rollback", false) }
 
 func (s *Lease) lostErr(op string, cause error) error {
 	return &sqllock.Error{Op: op, Dialect: s.l.dialect, Name: s.name, Kind: sqllock.ErrLost, Err: cause}
 }
 
-func (s *Lease) end(ctx context.Context, op string, commit bool) error {
+func (s *Lease) end(op string, commit bool) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.ended {
@@ -98,19 +105,15 @@ func (s *Lease) end(ctx context.Context, op string, commit bool) error {
 		return nil
 	}
 	s.ended = true
-	close(s.stop)
+	// A keepalive check under way may wait for a pooled connection: cancel it rather
+	// than hold the lock until it gives up.
+	s.stop()
 	<-s.exited
 	defer s.conn.Close()
 
 	if err := s.st.Err(); errors.Is(err, sqllock.ErrLost) {
 		s.tx.Rollback()
 		return err
-	}
-	if commit && ctx.Err() != nil {
-		// Do not commit work whose caller gave up; the lock is freed all the same.
-		s.tx.Rollback()
-		s.st.End(&sqllock.Error{Op: op, Dialect: s.l.dialect, Name: s.name, Kind: sqllock.ErrNotHeld})
-		return &sqllock.Error{Op: op, Dialect: s.l.dialect, Name: s.name, Err: fmt.Errorf("not committed: %w", ctx.Err())}
 	}
 	var err error
 	if commit {
@@ -134,20 +137,22 @@ func (s *Lease) end(ctx context.Context, op string, commit bool) error {
 // lease's session still exists, and ends the lease with ErrLost when it does not. A
 // check that fails (for example because the pool is exhausted) proves nothing and is
 // only logged.
-func (s *Lease) keepalive() {
+func (s *Lease) keepalive(kctx context.Context) {
 	defer close(s.exited)
 	t := time.NewTicker(s.l.cfg.keepalive)
 	defer t.Stop()
 	for {
 		select {
-		case <-s.stop:
+		case <-kctx.Done():
 			return
 		case <-t.C:
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), s.l.cfg.keepalive)
-		alive, err := sessionAlive(ctx, s.l.db, s.l.dialect, s.session)
+		ctx, cancel := context.WithTimeout(kctx, s.l.cfg.keepalive)
+		alive, err := sessionAlive(ctx, s.l.db, s.l.dialect, s.session, s.since)
 		cancel()
 		switch {
+		case kctx.Err() != nil:
+			return
 		case err != nil:
 			s.l.cfg.logger.Warn("sqllock/forupdate: keepalive check failed", "name", s.name, "session", s.session, "err", err)
 		case !alive:

@@ -7,9 +7,12 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/sqllock/sqllock"
 	"github.com/sqllock/sqllock/internal/sqlerr"
@@ -21,16 +24,26 @@ import (
 // held, one that draws the new token from a source that is never rolled back (a
 // sequence, AUTO_INCREMENT) and stores it in the row, to commit with the work.
 const (
-	pgLock = `SELECT 1 FROM sqllock_rowlock WHERE lock_key = $1 FOR UPDATE`
+	// The PostgreSQL locking reads return now(), the start of the transaction: a time
+	// at which the session was alive, against which the keepalive compares
+	// backend_start to tell the session from a later one that reuses its pid.
+	pgLock = `SELECT now() FROM sqllock_rowlock WHERE lock_key = $1 FOR UPDATE`
 	// pgLockTimeout is pgLock with a lock_timeout of $2 set for the rest of the
 	// transaction before the wait starts: set_config in the row filter is volatile,
 	// so it runs for the matching row, before the row is locked. pgBumpReset puts the
 	// session's value back.
-	pgLockTimeout = `SELECT 1 FROM sqllock_rowlock WHERE lock_key = $1
+	pgLockTimeout = `SELECT now() FROM sqllock_rowlock WHERE lock_key = $1
 AND set_config('lock_timeout', $2, true) IS NOT NULL FOR UPDATE`
-	pgTry = `SELECT 1 FROM sqllock_rowlock WHERE lock_key = $1 FOR UPDATE NOWAIT`
+	// pgLockTimeoutReset is pgLockTimeout for leases without a token: the outer
+	// target list runs on the rows that come out of the locking subquery, so once the
+	// row lock is held, and puts the session's lock_timeout back in the same statement.
+	pgLockTimeoutReset = `SELECT now(), set_config('lock_timeout',
+(SELECT reset_val FROM pg_settings WHERE name = 'lock_timeout'), true)
+FROM (SELECT 1 FROM sqllock_rowlock WHERE lock_key = $1
+AND set_config('lock_timeout', $2, true) IS NOT NULL FOR UPDATE) l`
+	pgTry = `SELECT now() FROM sqllock_rowlock WHERE lock_key = $1 FOR UPDATE NOWAIT`
 	// pgAny takes the first free row of $1, in the order given, skipping locked rows.
-	pgAny = `SELECT lock_key FROM sqllock_rowlock WHERE lock_key = ANY($1)
+	pgAny = `SELECT lock_key, now() FROM sqllock_rowlock WHERE lock_key = ANY($1)
 ORDER BY array_position($1, lock_key) LIMIT 1 FOR UPDATE SKIP LOCKED`
 	pgBump = `UPDATE sqllock_rowlock SET token = nextval('sqllock_rowlock_token_seq'),
 acquired_at = clock_timestamp() WHERE lock_key = $1 RETURNING token`
@@ -41,18 +54,23 @@ RETURNING token`
 	pgExisting = `SELECT lock_key FROM sqllock_rowlock WHERE lock_key = ANY($1)`
 	pgCreate   = `INSERT INTO sqllock_rowlock (lock_key, name, token)
 VALUES ($1, $2, nextval('sqllock_rowlock_token_seq')) ON CONFLICT (lock_key) DO NOTHING`
-	pgCancel  = `SELECT pg_cancel_backend($1)`
-	pgPID     = `SELECT pg_backend_pid()`
-	pgSession = `SELECT count(*) FROM pg_stat_activity WHERE pid = $1`
+	pgCancel = `SELECT pg_cancel_backend($1)`
+	pgPID    = `SELECT pg_backend_pid()`
+	// pgAlive finds session $1 only if it started no later than $2, a time at which
+	// the lease's session was alive: a later session that reuses the pid is not it.
+	pgAlive = `SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND backend_start <= $2`
 
 	// The MySQL locking reads return the session id, and carry a marker comment
 	// (%s) by which a waiting statement is found in the PROCESSLIST to be
 	// interrupted; the connection id is not known before the statement returns.
+	// Statements that may wait start with "SELECT " or "INSERT " so that
+	// serverWaitBound can give them a server-side lock wait timeout.
 	myLockFmt = `SELECT /* %s */ CONNECTION_ID() FROM sqllock_rowlock WHERE lock_key = ? FOR UPDATE`
 	myTry     = `SELECT CONNECTION_ID() FROM sqllock_rowlock WHERE lock_key = ? FOR UPDATE NOWAIT`
 	// myAnyFmt has no ORDER BY: InnoDB would lock every row it reads for the sort,
 	// not only the one LIMIT keeps. Without it, rows are read (and the first free one
-	// locked) in key order.
+	// locked) in key order. Every key in the list must have a row: at REPEATABLE READ a
+	// missing key would be gap-locked for the whole lease (see ensureRows).
 	myAnyFmt = `SELECT lock_key, name, CONNECTION_ID() FROM sqllock_rowlock WHERE lock_key IN (%s)
 LIMIT 1 FOR UPDATE SKIP LOCKED`
 	// myBump replaces the locked row by a new one, which draws a new AUTO_INCREMENT
@@ -66,6 +84,7 @@ LIMIT 1 FOR UPDATE SKIP LOCKED`
 	myFind      = `SELECT ID FROM information_schema.PROCESSLIST WHERE INFO LIKE ? AND ID <> CONNECTION_ID()`
 	myCancel    = `KILL QUERY ?`
 	mySession   = `SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = ?`
+	myVersion   = `SELECT VERSION()`
 )
 
 func placeholders(n int) string {
@@ -82,21 +101,22 @@ func anyArgs(keys [][]byte, times int) []any {
 	return args
 }
 
-// pgSessionID returns the backend pid of the session behind conn, read from pgx
-// without a round trip when the driver is pgx.
-func pgSessionID(ctx context.Context, conn *sql.Conn) (int64, error) {
-	var pid int64
-	err := conn.Raw(func(dc any) error {
-		if p, ok := dc.(interface{ Conn() *pgx.Conn }); ok {
-			pid = int64(p.Conn().PgConn().PID())
+// pgSession returns the backend pid of the session behind conn and, when the driver
+// is pgx, its *pgconn.PgConn (for out-of-band cancel requests), read without a round
+// trip. With another driver the pid is queried and pgc is nil.
+func pgSession(ctx context.Context, conn *sql.Conn) (pid int64, pgc *pgconn.PgConn, err error) {
+	err = conn.Raw(func(dc any) error {
+		if p, ok := dc.(interface{ Conn() *pgx.Conn }); ok && p.Conn() != nil {
+			pgc = p.Conn().PgConn()
+			pid = int64(pgc.PID())
 		}
 		return nil
 	})
 	if err == nil && pid != 0 {
-		return pid, nil
+		return pid, pgc, nil
 	}
 	err = conn.QueryRowContext(ctx, pgPID).Scan(&pid)
-	return pid, err
+	return pid, nil, err
 }
 
 // createRow makes sure the row of key exists, in autocommit on conn (never inside a
@@ -150,48 +170,105 @@ func missingRows(ctx context.Context, q interface {
 }
 
 // sessionAlive asks, from another pooled connection, whether session id still exists.
-func sessionAlive(ctx context.Context, db *sql.DB, d sqllock.Dialect, id int64) (bool, error) {
-	q := mySession
-	if d == sqllock.Postgres {
-		q = pgSession
-	}
+// On PostgreSQL, since is a time at which the session was alive (the lease's
+// transaction start): a session with the same pid that started later is another one.
+func sessionAlive(ctx context.Context, db *sql.DB, d sqllock.Dialect, id int64, since time.Time) (bool, error) {
 	var n int
-	if err := db.QueryRowContext(ctx, q, id).Scan(&n); err != nil {
+	var err error
+	if d == sqllock.Postgres {
+		err = db.QueryRowContext(ctx, pgAlive, id, since).Scan(&n)
+	} else {
+		err = db.QueryRowContext(ctx, mySession, id).Scan(&n)
+	}
+	if err != nil {
 		return false, err
 	}
 	return n > 0, nil
 }
 
-// cancelStatement interrupts, from another pooled connection, the statement that
-// PostgreSQL session pid runs (pg_cancel_backend), or the MySQL statement whose text
-// contains marker (KILL QUERY). Neither affects a session between statements.
-func cancelStatement(ctx context.Context, db *sql.DB, d sqllock.Dialect, pid int64, marker string) error {
+// cancelOn interrupts, through conn (a connection other than the waiter's), the
+// statement that PostgreSQL session pid runs (pg_cancel_backend), or the MySQL
+// statement whose text contains marker (KILL QUERY). It reports whether a statement
+// was found to interrupt. Neither affects a session between statements.
+func cancelOn(ctx context.Context, conn *sql.Conn, d sqllock.Dialect, pid int64, marker string) (bool, error) {
 	if d == sqllock.Postgres {
-		_, err := db.ExecContext(ctx, pgCancel, pid)
-		return err
+		var ok bool
+		err := conn.QueryRowContext(ctx, pgCancel, pid).Scan(&ok)
+		return ok, err
 	}
-	rows, err := db.QueryContext(ctx, myFind, "%"+marker+"%")
+	rows, err := conn.QueryContext(ctx, myFind, "%"+marker+"%")
 	if err != nil {
-		return err
+		return false, err
 	}
 	var ids []int64
 	for rows.Next() {
 		var id int64
 		if err := rows.Scan(&id); err != nil {
 			rows.Close()
-			return err
+			return false, err
 		}
 		ids = append(ids, id)
 	}
 	if err := errors.Join(rows.Err(), rows.Close()); err != nil {
-		return err
+		return false, err
 	}
 	for _, id := range ids {
-		if _, err := db.ExecContext(ctx, myCancel, id); err != nil {
-			return err
+		if _, err := conn.ExecContext(ctx, myCancel, id); err != nil {
+			return false, err
 		}
 	}
-	return nil
+	return len(ids) > 0, nil
+}
+
+// MySQL server flavours, for the statement-level lock wait timeout.
+const (
+	flavorUnknown int32 = iota
+	flavorMariaDB       // SET STATEMENT innodb_lock_wait_timeout = n FOR ...
+	flavorMySQL8        // /*+ SET_VAR(innodb_lock_wait_timeout = n) */
+	flavorOther         // no statement-level form: no server-side bound
+)
+
+// myFlavor returns the flavour of the MySQL server, asking it once per Locker.
+func (l *Locker) myFlavor(ctx context.Context, conn *sql.Conn) int32 {
+	if f := l.flavor.Load(); f != flavorUnknown {
+		return f
+	}
+	var v string
+	if err := conn.QueryRowContext(ctx, myVersion).Scan(&v); err != nil {
+		return flavorUnknown // ask again next time
+	}
+	f := flavorOther
+	if strings.Contains(strings.ToLower(v), "mariadb") {
+		f = flavorMariaDB
+	} else if major, _, _ := strings.Cut(v, "."); atoi(major) >= 8 {
+		f = flavorMySQL8 // SET_VAR hints: MySQL 8.0.3 and later
+	}
+	l.flavor.Store(f)
+	return f
+}
+
+func atoi(s string) int {
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		return -1
+	}
+	return n
+}
+
+// serverWaitBound returns stmt (a MySQL statement starting with "SELECT " or
+// "INSERT ") with a statement-scoped innodb_lock_wait_timeout of wait rounded up to
+// whole seconds, at least 1, for the server's flavour f: a backstop that ends the
+// wait on the server even if the client can no longer interrupt it.
+func serverWaitBound(f int32, wait time.Duration, stmt string) string {
+	secs := int64((wait + time.Second - 1) / time.Second)
+	secs = min(max(secs, 1), 100000000)
+	switch f {
+	case flavorMariaDB:
+		return fmt.Sprintf("SET STATEMENT innodb_lock_wait_timeout = %d FOR %s", secs, stmt)
+	case flavorMySQL8:
+		return fmt.Sprintf("%s/*+ SET_VAR(innodb_lock_wait_timeout = %d) */ %s", stmt[:7], secs, stmt[7:])
+	}
+	return stmt
 }
 
 // newMarker returns a string unique to one attempt, put in a comment of the MySQL

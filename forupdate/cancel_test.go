@@ -1,0 +1,190 @@
+package forupdate_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/sqllock/sqllock"
+	"github.com/sqllock/sqllock/forupdate"
+	"github.com/sqllock/sqllock/testdb"
+)
+
+// blockedBy counts the sessions waiting for a lock held by session holder.
+func blockedBy(t testing.TB, admin *sql.DB, d sqllock.Dialect, holder int64) int {
+	t.Helper()
+	q := `SELECT COUNT(*) FROM information_schema.INNODB_LOCK_WAITS w
+JOIN information_schema.INNODB_TRX t ON t.trx_id = w.blocking_trx_id
+WHERE t.trx_mysql_thread_id = ?`
+	if d == sqllock.Postgres {
+		q = `SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))`
+	}
+	var n int
+	if err := admin.QueryRowContext(ctxFor(t, 30*time.Second), q, holder).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// waitBlocked waits until want sessions are blocked by holder, or fails after limit.
+func waitBlocked(t testing.TB, admin *sql.DB, d sqllock.Dialect, holder int64, want int, limit time.Duration) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for {
+		n := blockedBy(t, admin, d, holder)
+		if n == want {
+			return time.Since(start)
+		}
+		if time.Since(start) > limit {
+			if d == sqllock.MySQL {
+				rows, _ := admin.Query("SELECT r.trx_mysql_thread_id, r.trx_state, r.trx_started, r.trx_query FROM information_schema.INNODB_LOCK_WAITS w JOIN information_schema.INNODB_TRX r ON r.trx_id = w.requesting_trx_id")
+				for rows.Next() {
+					var a, b, c, e any
+					rows.Scan(&a, &b, &c, &e)
+					t.Logf("waiting: %v %s %s %s", a, b, c, e)
+				}
+				rows.Close()
+			}
+			t.Fatalf("%d sessions blocked by the holder after %v, want %d", n, limit, want)
+		}
+		// Polling the server, which sends no signal. InnoDB refreshes the
+		// information_schema lock tables only when they were not read for 100 ms.
+		pause := 20 * time.Millisecond
+		if d == sqllock.MySQL {
+			pause = 150 * time.Millisecond
+		}
+		time.Sleep(pause)
+	}
+}
+
+// TestInterruptWithFullPool: the pool has room for the holder and one waiter only,
+// so interrupting the waiter cannot take a pooled connection. A waiter whose ctx
+// ends (deadline or cancel) still returns within 200 ms, and no waiter is left
+// queued on the server: at once on PostgreSQL (out-of-band cancel request); on
+// MySQL within the innodb_lock_wait_timeout backstop derived from the deadline
+// (rounded up to 1 s).
+func TestInterruptWithFullPool(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
+		for _, how := range []string{"deadline", "cancel"} {
+			t.Run(how, func(t *testing.T) {
+				db, admin := testdb.Open(t, d), testdb.Open(t, d)
+				db.SetMaxOpenConns(2)
+				// No keepalive checks: they would take the connection the waiter frees.
+				l := newLocker(t, db, d, forupdate.WithKeepalive(time.Hour))
+				name := testdb.Name(t)
+				holder, err := l.Lock(ctxFor(t, 30*time.Second), name)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer holder.Release(ctxFor(t, 30*time.Second))
+
+				const wait = 300 * time.Millisecond
+				var ctx context.Context
+				var cancel context.CancelFunc
+				if how == "deadline" {
+					ctx, cancel = context.WithTimeout(context.Background(), wait)
+				} else {
+					ctx, cancel = context.WithCancel(context.Background())
+					time.AfterFunc(wait, cancel)
+				}
+				defer cancel()
+				start := time.Now()
+				type result struct {
+					lease *forupdate.Lease
+					err   error
+				}
+				res := make(chan result, 1)
+				go func() {
+					lease, err := l.Lock(ctx, name)
+					res <- result{lease, err}
+				}()
+				var r result
+				select {
+				case r = <-res:
+				case <-time.After(wait + 5*time.Second):
+					holder.Release(ctxFor(t, 30*time.Second))
+					<-res
+					t.Fatalf("Lock still waiting 5s after its ctx ended (returned once the holder released)")
+				}
+				took := time.Since(start)
+				lease, err := r.lease, r.err
+				if err == nil {
+					lease.Release(ctxFor(t, time.Second))
+					t.Fatal("acquired a held lock")
+				}
+				if !errors.Is(err, sqllock.ErrNotAcquired) || !errors.Is(err, ctx.Err()) {
+					t.Errorf("err = %v, want ErrNotAcquired and %v", err, ctx.Err())
+				}
+				t.Logf("Lock returned %v after start (ctx ended at %v): %v", took, wait, err)
+				if took < wait || took > wait+200*time.Millisecond {
+					t.Errorf("Lock whose ctx ended at %v returned after %v", wait, took)
+				}
+
+				if d == sqllock.MySQL && how == "cancel" {
+					// No deadline, so no server-side bound: the waiter's connection was
+					// broken, and the server drops the dead waiter when it is granted.
+					if err := holder.Release(ctxFor(t, 30*time.Second)); err != nil {
+						t.Fatal(err)
+					}
+					lease, err := l.Lock(ctxFor(t, 5*time.Second), name)
+					if err != nil {
+						t.Fatalf("Lock after the holder released: %v", err)
+					}
+					lease.Release(ctxFor(t, 30*time.Second))
+					return
+				}
+				gone := waitBlocked(t, admin, d, holder.SessionID(), 0, 2*time.Second)
+				t.Logf("no waiter left on the server %v after Lock returned", gone)
+				if n := db.Stats().InUse; n != 1 {
+					t.Errorf("%d connections in use, want 1 (the holder)", n)
+				}
+			})
+		}
+	})
+}
+
+// skewedCtx reports a deadline that has passed while its Done channel is not closed
+// yet, as a real context does between its deadline and the moment its timer fires.
+type skewedCtx struct {
+	context.Context
+	deadline time.Time
+}
+
+func (c skewedCtx) Deadline() (time.Time, bool) { return c.deadline, true }
+
+// TestDeadlineAlmostReached: Lock with less than a millisecond left before the
+// deadline returns an error matching both ErrNotAcquired and DeadlineExceeded.
+func TestDeadlineAlmostReached(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
+		db := testdb.Open(t, d)
+		l := newLocker(t, db, d)
+		name := testdb.Name(t)
+		holder, err := l.Lock(ctxFor(t, 30*time.Second), name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer holder.Release(ctxFor(t, 30*time.Second))
+		// An idle connection for the waiter: dialling would fail on the past deadline
+		// before the wait is reached.
+		if err := db.PingContext(ctxFor(t, 30*time.Second)); err != nil {
+			t.Fatal(err)
+		}
+		inner, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		defer cancel()
+		ctx := skewedCtx{inner, time.Now()}
+		lease, err := l.Lock(ctx, name)
+		if err == nil {
+			lease.Release(ctx)
+			t.Fatal("acquired a held lock")
+		}
+		if !errors.Is(err, sqllock.ErrNotAcquired) || !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("err = %v, want ErrNotAcquired and DeadlineExceeded", err)
+		}
+	})
+}
