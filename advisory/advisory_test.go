@@ -643,3 +643,56 @@ AND classid = $1::int4::oid AND objid = $2::int4::oid AND objsubid = 2 AND NOT g
 	}
 	return n
 }
+
+// TestCancelLeavesNoWaiter: when a blocked Acquire returns after its context was
+// cancelled, its wait has ended on the server too. A waiter left queued there (as
+// happens when the driver merely closes the socket of a session blocked in GET_LOCK)
+// could be granted the lock after the holder releases and keep it until the server
+// notices the dead client, so a third client would find the lock taken.
+func TestCancelLeavesNoWaiter(t *testing.T) {
+	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
+		leakCheck(t)
+		admin := testdb.Open(t, d)
+		l := newLocker(t, testdb.Open(t, d), d)
+		other := newLocker(t, testdb.Open(t, d), d)
+		name := testdb.Name(t)
+		ctx := ctxFor(t, 30*time.Second)
+		for round := 0; round < 3; round++ {
+			holder, err := other.Acquire(ctx, name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			wctx, cancel := context.WithCancel(ctx)
+			res := make(chan error, 1)
+			go func() {
+				le, err := l.Acquire(wctx, name)
+				if err == nil {
+					le.Release(ctx)
+				}
+				res <- err
+			}()
+			deadline := time.Now().Add(10 * time.Second)
+			for serverWaiters(t, admin, d, l, name) == 0 {
+				if time.Now().After(deadline) {
+					t.Fatal("the Acquire never queued on the server")
+				}
+				time.Sleep(5 * time.Millisecond) // polling the server: no signal exists
+			}
+			cancel()
+			if err := <-res; !errors.Is(err, sqllock.ErrNotAcquired) || !errors.Is(err, context.Canceled) {
+				t.Fatalf("cancelled Acquire: %v", err)
+			}
+			if n := serverWaiters(t, admin, d, l, name); n != 0 {
+				t.Fatalf("round %d: %d waiters still queued on the server after the cancelled Acquire returned", round, n)
+			}
+			if err := holder.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+			after, err := other.TryAcquire(ctx, name)
+			if err != nil {
+				t.Fatalf("round %d: TryAcquire right after the holder released: %v (the cancelled waiter got the lock)", round, err)
+			}
+			after.Release(ctx)
+		}
+	})
+}

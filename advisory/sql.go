@@ -6,6 +6,7 @@ import (
 	"database/sql/driver"
 	"errors"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -118,34 +119,53 @@ func (l *Locker) pgLock(ctx context.Context, conn *sql.Conn, id lockID, wait boo
 // repeated after it. MariaDB rejects negative (infinite) timeouts.
 const noDeadlineWait = 365 * 24 * time.Hour
 
+// killGrace bounds how long an interrupted GET_LOCK wait may wait for a pooled
+// connection to send KILL QUERY from, before the waiter's connection is closed instead.
+const killGrace = 200 * time.Millisecond
+
 // myLock takes the lock on conn with GET_LOCK. The name is hex and the timeout a
-// number formatted here, so the statement is sent as text with no parameters: one
-// round trip.
+// number formatted here, so each statement is sent as text with no parameters: one
+// round trip. The first attempt does not wait and also reads the session id; an
+// uncontended acquisition is that one statement.
 func (l *Locker) myLock(ctx context.Context, conn *sql.Conn, id lockID, wait bool) (sid int64, ok, dirty bool, err error) {
+	var got sql.NullInt64
+	err = conn.QueryRowContext(ctx, "SELECT GET_LOCK('"+id.myName+"', 0), CONNECTION_ID()").Scan(&got, &sid)
+	switch {
+	case err != nil:
+		return 0, false, true, err
+	case !got.Valid:
+		return 0, false, true, errors.New("GET_LOCK returned NULL")
+	case got.Int64 == 1:
+		return sid, true, false, nil
+	case !wait:
+		return 0, false, false, nil
+	}
 	for {
-		timeout := time.Duration(0)
-		if wait {
-			timeout = noDeadlineWait
-			if dl, has := ctx.Deadline(); has {
-				timeout = max(time.Until(dl), 0)
-			}
+		timeout := noDeadlineWait
+		if dl, has := ctx.Deadline(); has {
+			timeout = max(time.Until(dl), 0)
 		}
-		q := "SELECT GET_LOCK('" + id.myName + "', " + strconv.FormatFloat(timeout.Seconds(), 'f', 6, 64) + "), CONNECTION_ID()"
-		var got sql.NullInt64
-		// go-sql-driver closes the connection if ctx ends during GET_LOCK; the server
-		// notices the closed socket within about a second and never grants the lock to
-		// the dead session (verified on MariaDB 10.11).
-		err = conn.QueryRowContext(ctx, q).Scan(&got, &sid)
+		q := "SELECT GET_LOCK('" + id.myName + "', " + strconv.FormatFloat(timeout.Seconds(), 'f', 6, 64) + ")"
+		got, interrupted, broken, err := l.myWait(ctx, conn, sid, q)
 		switch {
+		case broken:
+			return 0, false, true, err
+		case err == nil && got.Valid && got.Int64 == 1:
+			if !interrupted {
+				return sid, true, false, nil
+			}
+			// Granted as ctx ended: give it back on this session, synchronously, so
+			// that nobody finds it held afterwards.
+			var rel sql.NullInt64
+			if rerr := conn.QueryRowContext(context.WithoutCancel(ctx), "SELECT RELEASE_LOCK('"+id.myName+"')").Scan(&rel); rerr != nil {
+				return 0, false, true, nil
+			}
+			return 0, false, false, nil
+		case interrupted || ctx.Err() != nil:
+			// KILL QUERY ended the wait (an error or NULL): the session is clean.
+			return 0, false, false, nil
 		case err != nil:
 			return 0, false, true, err
-		case !got.Valid:
-			return 0, false, true, errors.New("GET_LOCK returned NULL")
-		case got.Int64 == 1:
-			return sid, true, false, nil
-		}
-		if !wait || ctx.Err() != nil {
-			return 0, false, false, nil
 		}
 		if dl, has := ctx.Deadline(); has && time.Until(dl) < time.Millisecond {
 			<-ctx.Done()
@@ -154,4 +174,35 @@ func (l *Locker) myLock(ctx context.Context, conn *sql.Conn, id lockID, wait boo
 		// The server's timer ended just before ctx's deadline, or a year passed: wait
 		// again for what is left.
 	}
+}
+
+// myWait runs the blocking GET_LOCK q on conn (session sid). go-sql-driver would close
+// the connection when ctx ends, and a server thread blocked in GET_LOCK does not
+// notice a closed socket: it stays queued, may be granted the lock, and holds it until
+// it notices (about a second, seen on MariaDB 10.11). So the statement runs on a
+// context of its own, and when ctx ends the wait is interrupted with KILL QUERY from
+// another pooled connection; the session stays usable. Only if no connection is free
+// within killGrace is the waiter's connection closed (broken).
+func (l *Locker) myWait(ctx context.Context, conn *sql.Conn, sid int64, q string) (got sql.NullInt64, interrupted, broken bool, err error) {
+	qctx, qcancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer qcancel()
+	var closed atomic.Bool
+	done := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() {
+		defer close(done)
+		kctx, cancel := context.WithTimeout(context.Background(), killGrace)
+		defer cancel()
+		if _, kerr := l.db.ExecContext(kctx, "KILL QUERY "+strconv.FormatInt(sid, 10)); kerr != nil {
+			closed.Store(true)
+			qcancel()
+		}
+	})
+	err = conn.QueryRowContext(qctx, q).Scan(&got)
+	if !stop() {
+		// The interrupt ran or runs: wait for it, so that a late KILL QUERY cannot
+		// hit the next statement of this session.
+		<-done
+		interrupted = true
+	}
+	return got, interrupted, closed.Load(), err
 }
