@@ -555,14 +555,14 @@ func (l *Locker) lockRow(ctx context.Context, tx *sql.Tx, target waitTarget, key
 		return g, false, err
 	}
 	if m == modeTry {
-		err = tx.QueryRowContext(ctx, myTry, key).Scan(&g.sid)
+		err = tx.QueryRowContext(ctx, fmt.Sprintf(myTryFmt, hexLit(key))).Scan(&g.sid)
 	} else {
-		query := fmt.Sprintf(myLockFmt, target.marker)
+		query := fmt.Sprintf(myLockFmt, target.marker, hexLit(key))
 		if hasDeadline {
 			query = serverWaitBound(target.flavor, time.Until(deadline), query)
 		}
 		dirty, err = l.watched(ctx, target, false, func(qctx context.Context) error {
-			return tx.QueryRowContext(qctx, query, key).Scan(&g.sid)
+			return tx.QueryRowContext(qctx, query).Scan(&g.sid)
 		})
 	}
 	if err = l.locked(ctx, err, dirty, granted); err != nil || l.cfg.noToken {
@@ -591,9 +591,9 @@ func (l *Locker) locked(ctx context.Context, err error, dirty bool, granted func
 	return nil
 }
 
-// myReplace replaces the locked row of key (see myBump) and returns its new token.
+// myReplace replaces the locked row of key (see myBumpFmt) and returns its new token.
 func myReplace(ctx context.Context, tx *sql.Tx, key []byte, name string) (int64, error) {
-	res, err := tx.ExecContext(ctx, myBump, key, []byte(name))
+	res, err := tx.ExecContext(ctx, fmt.Sprintf(myBumpFmt, hexLit(key), hexLit([]byte(name))))
 	if err != nil {
 		return 0, err
 	}

@@ -65,18 +65,18 @@ VALUES ($1, $2, nextval('sqllock_rowlock_token_seq')) ON CONFLICT (lock_key) DO 
 	// interrupted; the connection id is not known before the statement returns.
 	// Statements that may wait start with "SELECT " or "INSERT " so that
 	// serverWaitBound can give them a server-side lock wait timeout.
-	myLockFmt = `SELECT /* %s */ CONNECTION_ID() FROM sqllock_rowlock WHERE lock_key = ? FOR UPDATE`
-	myTry     = `SELECT CONNECTION_ID() FROM sqllock_rowlock WHERE lock_key = ? FOR UPDATE NOWAIT`
+	myLockFmt = `SELECT /* %s */ CONNECTION_ID() FROM sqllock_rowlock WHERE lock_key = %s FOR UPDATE`
+	myTryFmt  = `SELECT CONNECTION_ID() FROM sqllock_rowlock WHERE lock_key = %s FOR UPDATE NOWAIT`
 	// myAnyFmt has no ORDER BY: InnoDB would lock every row it reads for the sort,
 	// not only the one LIMIT keeps. Without it, rows are read (and the first free one
 	// locked) in key order. Every key in the list must have a row: at REPEATABLE READ a
 	// missing key would be gap-locked for the whole lease (see ensureRows).
 	myAnyFmt = `SELECT lock_key, name, CONNECTION_ID() FROM sqllock_rowlock WHERE lock_key IN (%s)
 LIMIT 1 FOR UPDATE SKIP LOCKED`
-	// myBump replaces the locked row by a new one, which draws a new AUTO_INCREMENT
+	// myBumpFmt replaces the locked row by a new one, which draws a new AUTO_INCREMENT
 	// token (the statement's insert id). The conflict is on the primary key, not the
 	// last unique key, so the server deletes and inserts rather than updating in place.
-	myBump        = `REPLACE INTO sqllock_rowlock (lock_key, name, acquired_at) VALUES (?, ?, UTC_TIMESTAMP(6))`
+	myBumpFmt     = `REPLACE INTO sqllock_rowlock (lock_key, name, acquired_at) VALUES (%s, %s, UTC_TIMESTAMP(6))`
 	myExistingFmt = `SELECT lock_key FROM sqllock_rowlock WHERE lock_key IN (%s)`
 	// A duplicate key (1062) means the row exists: the goal. INSERT IGNORE is not
 	// used because it also hides truncation and other errors.
@@ -86,6 +86,12 @@ LIMIT 1 FOR UPDATE SKIP LOCKED`
 	mySession   = `SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = ?`
 	myVersion   = `SELECT VERSION()`
 )
+
+// hexLit writes b as a MySQL hexadecimal literal. The statements that lock and bump a
+// row carry their key and name this way rather than as parameters: go-sql-driver
+// prepares, executes and closes every statement with parameters (unless the DSN sets
+// interpolateParams), two round trips instead of one.
+func hexLit(b []byte) string { return "X'" + hex.EncodeToString(b) + "'" }
 
 func placeholders(n int) string {
 	return strings.TrimSuffix(strings.Repeat("?, ", n), ", ")
