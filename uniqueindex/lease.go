@@ -119,18 +119,47 @@ func (le *Lease) watch() {
 			le.lose(errors.New("no renewal succeeded within the lease time less the safety margin"))
 			return
 		}
+		// The renewal runs in its own goroutine so that the local deadline is enforced
+		// whatever the statement does: its ctx is bounded by the deadline, but a
+		// statement can also be stuck where ctx is not looked at (a Go mutex, a driver
+		// busy elsewhere). At the deadline the lease is lost, then the renewal is
+		// cancelled and waited for.
 		ctx, cancel := context.WithTimeout(context.Background(), min(dl.Sub(start), le.l.cfg.attempt))
-		ok, err := le.refresh(ctx)
+		type result struct {
+			ok  bool
+			err error
+		}
+		ch := make(chan result, 1)
+		go func() {
+			ok, err := le.refresh(ctx)
+			ch <- result{ok, err}
+		}()
+		dt := time.NewTimer(dl.Sub(start))
+		var r result
+		select {
+		case r = <-ch:
+			dt.Stop()
+		case <-dt.C:
+			le.lose(errors.New("no renewal succeeded within the lease time less the safety margin (renewal still in flight)"))
+			cancel()
+			<-ch
+			return
+		case <-le.stop:
+			dt.Stop()
+			cancel()
+			<-ch
+			return
+		}
 		cancel()
 		switch {
-		case err == nil && ok:
+		case r.err == nil && r.ok:
 			le.renewed(start)
 			next = start.Add(le.renew)
-		case err == nil:
+		case r.err == nil:
 			le.lose(errors.New("lease row deleted or taken over"))
 			return
 		default:
-			le.l.cfg.logger.Debug("sqllock/uniqueindex: renewal failed, retrying", "name", le.name, "err", err)
+			le.l.cfg.logger.Debug("sqllock/uniqueindex: renewal failed, retrying", "name", le.name, "err", r.err)
 			next = le.l.now().Add(retry)
 		}
 	}
@@ -157,16 +186,39 @@ func (le *Lease) refresh(ctx context.Context) (bool, error) {
 // failure, lock wait timeout) is retried up to 5 times with a short jittered backoff;
 // if it persists, or for any other database error, Refresh returns a *sqllock.Error
 // wrapping it, and the lease is still held: the watchdog goes on renewing it.
+// Refresh waits at most until the lease's local deadline (TTL less the safety margin
+// after the last successful renewal): if the lease was lost meanwhile, or the
+// renewal could not complete before it, Refresh returns an error matching
+// sqllock.ErrLost.
 func (le *Lease) Refresh(ctx context.Context) error {
 	if err := le.state.Err(); err != nil {
 		return err
 	}
 	start := le.l.now()
+	dl := le.deadline()
+	if !start.Before(dl) {
+		le.lose(errors.New("no renewal succeeded within the lease time less the safety margin"))
+		return le.state.Err()
+	}
+	// A renewal that completes after the local deadline proves nothing: the lease may
+	// have expired by the database clock meanwhile (and been taken over once the
+	// blocker went away).
+	rctx, cancel := context.WithTimeout(ctx, dl.Sub(start))
+	defer cancel()
 	var ok bool
-	err := le.l.retryTransient(ctx, "refresh", func() (err error) {
-		ok, err = le.refresh(ctx)
+	err := le.l.retryTransient(rctx, "refresh", func() (err error) {
+		ok, err = le.refresh(rctx)
 		return err
 	})
+	if e := le.state.Err(); e != nil {
+		return e // lost (or released) meanwhile
+	}
+	// Past the local deadline (the watchdog may have renewed meanwhile: read it
+	// again), or a renewal so slow that the row may have expired during it: lost.
+	if now := le.l.now(); !now.Before(le.deadline()) || now.Sub(start) >= le.ttl-le.margin {
+		le.lose(errors.New("no renewal succeeded within the lease time less the safety margin"))
+		return le.state.Err()
+	}
 	switch {
 	case err != nil:
 		// Not renewed now; the lease is not lost for that: the watchdog keeps renewing.
@@ -265,21 +317,38 @@ func (le *Lease) Release(ctx context.Context) error {
 	return nil
 }
 
-// delete removes the row, or gives back one hold of a re-entered lease.
+// delete removes the row, or gives back one hold of a reentrant lease (one statement,
+// then a best-effort DELETE after the last hold, see unholdPostgres).
 func (le *Lease) delete(ctx context.Context) (int64, error) {
 	pg := le.l.dialect == sqllock.Postgres
 	if le.reentrant {
-		q := unholdMySQL
+		var n, freed int64
 		if pg {
-			q = unholdPostgres
+			var s sql.NullString
+			if err := le.l.db.QueryRowContext(ctx, unholdPostgres, le.key, le.owner, le.token).Scan(&n, &freed, &s); err != nil {
+				return 0, err
+			}
+		} else {
+			res, err := le.l.exec(ctx, unholdMySQL, le.key, le.owner, le.token)
+			if err != nil {
+				return 0, err
+			}
+			if n, err = res.RowsAffected(); err != nil {
+				return 0, err
+			}
+			if before, err := res.LastInsertId(); err == nil && n > 0 && before <= 1 {
+				freed = 1
+			}
 		}
-		res, err := le.l.exec(ctx, q, le.key, le.owner, le.token)
-		if err != nil {
-			return 0, err
+		if freed > 0 {
+			// The last hold: the row is expired, so free already; delete it, best effort.
+			q := unholdDoneMySQL
+			if pg {
+				q = unholdDonePostgres
+			}
+			le.l.exec(ctx, q, le.key, le.owner, le.token)
 		}
-		if n, err := res.RowsAffected(); err != nil || n > 0 {
-			return n, err
-		}
+		return n, nil
 	}
 	if pg {
 		var n int64

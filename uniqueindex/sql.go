@@ -15,6 +15,9 @@ const (
 	// the commit order. The lease row is inserted, or taken over if it has expired by
 	// the database clock, or re-entered ($5) by the same owner. A failed attempt
 	// returns the holder's remaining time in microseconds (a hint for the waiter).
+	// clock_timestamp() is read once (n.t, excluded.acquired_at): every branch compares
+	// the row's expiry with that one instant, so an attempt exactly at expiry cannot
+	// mix the takeover and reentry branches.
 	//
 	// $1 key, $2 name, $3 owner, $4 TTL µs, $5 reentrant, $6 host, $7 pid.
 	acquirePostgres = `WITH f AS (
@@ -23,16 +26,17 @@ const (
   RETURNING token
 ), ins AS (
   INSERT INTO sqllock_lease AS l (lock_key, name, owner, holds, token, acquired_at, expires_at, host, pid)
-  SELECT $1, $2, $3, 1, f.token, clock_timestamp(), clock_timestamp() + $4::bigint * interval '1 microsecond', $6, $7 FROM f
+  SELECT $1, $2, $3, 1, f.token, n.t, n.t + $4::bigint * interval '1 microsecond', $6, $7
+    FROM f, (SELECT clock_timestamp() AS t) n
   ON CONFLICT (lock_key) DO UPDATE SET
-    holds       = CASE WHEN l.expires_at <= clock_timestamp() THEN 1 ELSE l.holds + 1 END,
-    token       = CASE WHEN l.expires_at <= clock_timestamp() THEN excluded.token ELSE l.token END,
-    acquired_at = CASE WHEN l.expires_at <= clock_timestamp() THEN excluded.acquired_at ELSE l.acquired_at END,
+    holds       = CASE WHEN l.expires_at <= excluded.acquired_at THEN 1 ELSE l.holds + 1 END,
+    token       = CASE WHEN l.expires_at <= excluded.acquired_at THEN excluded.token ELSE l.token END,
+    acquired_at = CASE WHEN l.expires_at <= excluded.acquired_at THEN excluded.acquired_at ELSE l.acquired_at END,
     owner       = excluded.owner,
     host        = excluded.host,
     pid         = excluded.pid,
     expires_at  = GREATEST(l.expires_at, excluded.expires_at)
-  WHERE l.expires_at <= clock_timestamp() OR ($5::boolean AND l.owner = excluded.owner)
+  WHERE l.expires_at <= excluded.acquired_at OR ($5::boolean AND l.owner = excluded.owner)
   RETURNING l.token, l.holds
 )
 SELECT token, holds, 0::bigint FROM ins
@@ -48,16 +52,25 @@ SELECT 0, 0, GREATEST(0, floor(extract(epoch FROM (expires_at - clock_timestamp(
 	// nothing and retries, so tokens cannot go backwards. In ON DUPLICATE KEY UPDATE
 	// the assignments run left to right and see the new values of earlier columns, so
 	// holds is computed first and expires_at, which the condition reads, last.
-	// UTC_TIMESTAMP(6) is constant within a statement. LAST_INSERT_ID(expr) returns the
-	// row's token through the OK packet.
+	// UTC_TIMESTAMP(6) is constant within a statement.
 	//
-	// ? owner, TTL µs, host, pid, key, T, reentrant, reentrant.
+	// The outcome is read from the insert id, never from the affected-rows count (which
+	// depends on the client's clientFoundRows flag: with it, an ON DUPLICATE KEY UPDATE
+	// that changes nothing reports 1 row, like an insert). The update branch always
+	// evaluates LAST_INSERT_ID(2*token + granted), which the OK packet carries
+	// (token is assigned that value DIV 2, its own value): odd means taken over or
+	// re-entered, with the row's token; even means held by another owner. A plain
+	// insert (the table has no AUTO_INCREMENT column) reports insert id 0 and one
+	// row; an attempt overtaken by a later increment reports 0 and no row.
+	//
+	// ? owner, TTL µs, host, pid, key, T, reentrant, reentrant, reentrant.
 	acquireMySQL = `INSERT INTO sqllock_lease (lock_key, name, owner, holds, token, acquired_at, expires_at, host, pid)
 SELECT f.lock_key, f.name, ?, 1, f.token, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, ?, ?
   FROM sqllock_fence f WHERE f.lock_key = ? AND f.token = ? FOR UPDATE
 ON DUPLICATE KEY UPDATE
   sqllock_lease.holds       = IF(sqllock_lease.expires_at <= UTC_TIMESTAMP(6), 1, IF(? AND sqllock_lease.owner = VALUES(owner), sqllock_lease.holds + 1, sqllock_lease.holds)),
-  sqllock_lease.token       = LAST_INSERT_ID(IF(sqllock_lease.expires_at <= UTC_TIMESTAMP(6), VALUES(token), sqllock_lease.token)),
+  sqllock_lease.token       = LAST_INSERT_ID(2 * IF(sqllock_lease.expires_at <= UTC_TIMESTAMP(6), VALUES(token), sqllock_lease.token)
+                                + IF(sqllock_lease.expires_at <= UTC_TIMESTAMP(6) OR (? AND sqllock_lease.owner = VALUES(owner)), 1, 0)) DIV 2,
   sqllock_lease.acquired_at = IF(sqllock_lease.expires_at <= UTC_TIMESTAMP(6), VALUES(acquired_at), sqllock_lease.acquired_at),
   sqllock_lease.host        = IF(sqllock_lease.expires_at <= UTC_TIMESTAMP(6), VALUES(host), sqllock_lease.host),
   sqllock_lease.pid         = IF(sqllock_lease.expires_at <= UTC_TIMESTAMP(6), VALUES(pid), sqllock_lease.pid),
@@ -79,9 +92,30 @@ WHERE lock_key = ? AND owner = ? AND token = ?`
 SELECT count(*), string_agg(pg_notify('` + channel + `', encode(lock_key, 'hex'))::text, '') FROM d`
 	releaseMySQL = `DELETE FROM sqllock_lease WHERE lock_key = ? AND owner = ? AND token = ? AND holds <= 1`
 
-	// unhold gives one hold of a re-entered lease back.
-	unholdPostgres = `UPDATE sqllock_lease SET holds = holds - 1 WHERE lock_key = $1 AND owner = $2 AND token = $3 AND holds > 1`
-	unholdMySQL    = `UPDATE sqllock_lease SET holds = holds - 1 WHERE lock_key = ? AND owner = ? AND token = ? AND holds > 1`
+	// unhold gives one hold of a reentrant lease back in one UPDATE, so that a
+	// concurrent re-entry by the same owner is counted either before or after it,
+	// never between two statements (an UPDATE that waits for a concurrent one re-reads
+	// the row). The last hold (holds = 1; holds > 0 is a CHECK on PostgreSQL) is given
+	// back by making the row expired: it is then free for the next acquirer, whose
+	// takeover starts a new token, and unholdDone deletes it, best effort (the reaper
+	// otherwise). PostgreSQL returns rows, rows freed, and notifies waiters of a freed
+	// row; MySQL returns the hold count before the update as the insert id
+	// (LAST_INSERT_ID(holds)), and its assignments run left to right, so expires_at
+	// reads the count before holds is updated.
+	unholdPostgres = `WITH u AS (
+  UPDATE sqllock_lease SET holds = GREATEST(holds - 1, 1),
+    expires_at = CASE WHEN holds <= 1 THEN LEAST(expires_at, clock_timestamp() - interval '1 second') ELSE expires_at END
+  WHERE lock_key = $1 AND owner = $2 AND token = $3
+  RETURNING lock_key, expires_at <= clock_timestamp() AS freed
+)
+SELECT count(*), count(*) FILTER (WHERE freed),
+  string_agg(CASE WHEN freed THEN pg_notify('` + channel + `', encode(lock_key, 'hex'))::text END, '') FROM u`
+	unholdMySQL = `UPDATE sqllock_lease SET
+  expires_at = IF(holds <= 1, LEAST(expires_at, UTC_TIMESTAMP(6) - INTERVAL 1 SECOND), expires_at),
+  holds = GREATEST(LAST_INSERT_ID(holds) - 1, 1)
+WHERE lock_key = ? AND owner = ? AND token = ?`
+	unholdDonePostgres = `DELETE FROM sqllock_lease WHERE lock_key = $1 AND owner = $2 AND token = $3 AND expires_at <= clock_timestamp()`
+	unholdDoneMySQL    = `DELETE FROM sqllock_lease WHERE lock_key = ? AND owner = ? AND token = ? AND expires_at <= UTC_TIMESTAMP(6)`
 
 	// check is the fencing check, run in the caller's transaction: the row must still
 	// be this lease's and unexpired, and a share lock keeps it so (no renewal, release

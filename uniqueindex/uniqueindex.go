@@ -74,6 +74,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sqllock/sqllock"
@@ -149,9 +150,14 @@ type Locker struct {
 	lis     *listener
 	closed  bool
 
-	stmtMu sync.RWMutex
-	stmts  map[string]*sql.Stmt // MySQL: prepared once, reused on every connection
-	noPrep bool                 // after Close, or if preparing failed
+	// MySQL: statements prepared once (lazily, by the first exec of each query) and
+	// reused on every connection. No mutex is ever held across I/O: a statement is
+	// prepared outside any lock and published with LoadOrStore (the loser of a race
+	// closes its copy). After Close (stmtClosed), exec no longer prepares and runs
+	// its queries unprepared; a failed prepare is not remembered, the call simply
+	// runs unprepared.
+	stmts      sync.Map // query string -> *sql.Stmt
+	stmtClosed atomic.Bool
 
 	onTransient func(op string, err error) // test hook: a transient error is retried
 }
@@ -244,12 +250,24 @@ func (l *Locker) Close() error {
 	if lis != nil {
 		lis.stop()
 	}
-	l.stmtMu.Lock()
-	for _, st := range l.stmts {
-		st.Close()
+	// Close the prepared statements without waiting for statements in flight
+	// (sql.Stmt.Close waits for them): a renewal or attempt must never wait for
+	// Close, nor Close for them.
+	l.stmtClosed.Store(true)
+	var sts []*sql.Stmt
+	l.stmts.Range(func(k, v any) bool {
+		if l.stmts.CompareAndDelete(k, v) {
+			sts = append(sts, v.(*sql.Stmt))
+		}
+		return true
+	})
+	if len(sts) > 0 {
+		go func() {
+			for _, st := range sts {
+				st.Close()
+			}
+		}()
 	}
-	l.stmts, l.noPrep = nil, true
-	l.stmtMu.Unlock()
 	return nil
 }
 
@@ -260,33 +278,39 @@ func (l *Locker) exec(ctx context.Context, query string, args ...any) (sql.Resul
 	if l.dialect != sqllock.MySQL {
 		return l.db.ExecContext(ctx, query, args...)
 	}
-	l.stmtMu.RLock()
-	st, noPrep := l.stmts[query], l.noPrep
-	l.stmtMu.RUnlock()
-	if st == nil && !noPrep {
-		l.stmtMu.Lock()
-		if st = l.stmts[query]; st == nil && !l.noPrep {
-			var err error
-			if st, err = l.db.PrepareContext(ctx, query); err != nil {
-				st = nil
-			} else {
-				if l.stmts == nil {
-					l.stmts = map[string]*sql.Stmt{}
-				}
-				l.stmts[query] = st
-			}
+	if st := l.stmt(ctx, query); st != nil {
+		res, err := st.ExecContext(ctx, args...)
+		if err == nil || !l.stmtClosed.Load() || err.Error() != "sql: statement is closed" {
+			return res, err
 		}
-		l.stmtMu.Unlock()
+		// Closed by Close meanwhile: run it unprepared.
 	}
-	if st == nil {
-		return l.db.ExecContext(ctx, query, args...)
+	return l.db.ExecContext(ctx, query, args...)
+}
+
+// stmt returns the prepared statement of query, preparing it if needed, or nil after
+// Close or if preparing failed. It holds no lock.
+func (l *Locker) stmt(ctx context.Context, query string) *sql.Stmt {
+	if v, ok := l.stmts.Load(query); ok {
+		return v.(*sql.Stmt)
 	}
-	l.stmtMu.RLock()
-	defer l.stmtMu.RUnlock()
-	if l.noPrep { // closed meanwhile
-		return l.db.ExecContext(ctx, query, args...)
+	if l.stmtClosed.Load() {
+		return nil
 	}
-	return st.ExecContext(ctx, args...)
+	st, err := l.db.PrepareContext(ctx, query)
+	if err != nil {
+		return nil
+	}
+	if v, loaded := l.stmts.LoadOrStore(query, st); loaded {
+		st.Close() // not used by anyone yet
+		return v.(*sql.Stmt)
+	}
+	if l.stmtClosed.Load() && l.stmts.CompareAndDelete(query, st) {
+		// Close ran meanwhile and may not have seen it: this call owns it, unused.
+		st.Close()
+		return nil
+	}
+	return st
 }
 
 // Acquire waits until the lock name is held, or ctx ends. See sqllock.Locker.
@@ -399,6 +423,14 @@ func (l *Locker) acquire(ctx context.Context, op, name string, opts []sqllock.Ac
 				}
 				continue
 			}
+		case ctx.Err() == nil && attemptTimedOut(err):
+			// The attempt ran past the attempt timeout (typically waiting for a row lock
+			// held by the holder's Check transaction) while the caller's ctx is alive:
+			// not acquired yet. The statement was cancelled and rolled back.
+			if !wait {
+				return nil, l.errorf(op, name, sqllock.ErrNotAcquired, err)
+			}
+			l.cfg.logger.Debug("sqllock/uniqueindex: attempt timed out, retrying", "name", name, "err", err)
 		case wait && sqlerr.Is(err, sqlerr.SessionLost) && ctx.Err() == nil:
 			// The server restarted or the connection was cut: keep waiting.
 			l.cfg.logger.Debug("sqllock/uniqueindex: attempt failed, retrying", "name", name, "err", err)
@@ -432,6 +464,13 @@ func (l *Locker) acquire(ctx context.Context, op, name string, opts []sqllock.Ac
 	}
 }
 
+// attemptTimedOut reports whether err is the end of an attempt cut by the attempt
+// timeout: the context's error, or the server's "statement cancelled" (57014, 1317).
+func attemptTimedOut(err error) bool {
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) ||
+		sqlerr.Is(err, sqlerr.Canceled)
+}
+
 // attempt makes one attempt. It runs detached from ctx (bounded by the attempt
 // timeout) so that a grant is never lost in flight: the caller releases it if ctx
 // ended meanwhile.
@@ -454,25 +493,24 @@ func (l *Locker) attempt(ctx context.Context, key []byte, name string, owner []b
 	if err != nil {
 		return attemptResult{}, err
 	}
-	res, err := l.exec(actx, acquireMySQL, owner, us, l.host, l.pid, key, t, reentrant, reentrant)
+	res, err := l.exec(actx, acquireMySQL, owner, us, l.host, l.pid, key, t, reentrant, reentrant, reentrant)
 	if err != nil {
 		return attemptResult{}, err
+	}
+	id, err := res.LastInsertId()
+	if err != nil {
+		return attemptResult{}, err
+	}
+	if id > 0 { // the update branch ran: see acquireMySQL
+		return attemptResult{ok: id%2 == 1, token: id / 2}, nil
 	}
 	n, err := res.RowsAffected()
 	if err != nil {
 		return attemptResult{}, err
 	}
-	switch n {
-	case 1: // inserted
-		return attemptResult{ok: true, token: t}, nil
-	case 2: // taken over or re-entered: the token is the row's
-		id, err := res.LastInsertId()
-		if err != nil {
-			return attemptResult{}, err
-		}
-		return attemptResult{ok: true, token: id}, nil
-	}
-	return attemptResult{}, nil
+	// Inserted (1 row), or overtaken by a later fence increment (no row): the same
+	// count with or without clientFoundRows.
+	return attemptResult{ok: n == 1, token: t}, nil
 }
 
 // fenceNext is fence.Next on MySQL, through a prepared statement.
