@@ -100,19 +100,9 @@ func Do(ctx context.Context, l Locker, name string, fn func(ctx context.Context)
 	if err != nil {
 		return err
 	}
-	fctx, cancel := context.WithCancelCause(ctx)
-	watchDone := make(chan struct{})
-	go func() {
-		defer close(watchDone)
-		select {
-		case <-lease.Done():
-			cancel(lease.Err())
-		case <-fctx.Done():
-		}
-	}()
+	fctx, stop := LeaseContext(ctx, lease)
 	ferr := fn(fctx)
-	cancel(context.Canceled)
-	<-watchDone
+	stop()
 
 	// Release with a context that survives ctx's end: an expired caller context must
 	// not leave the lock held until its lease runs out.
@@ -123,6 +113,27 @@ func Do(ctx context.Context, l Locker, name string, fn func(ctx context.Context)
 		return ferr
 	}
 	return errors.Join(ferr, rerr)
+}
+
+// LeaseContext returns a copy of ctx that is cancelled when lease ends (lost or
+// released), with the lease's error as its cause (context.Cause), so that work done
+// under a lock stops when the lock is lost. Call stop when the work is done: it
+// releases the context's resources and returns once its watcher has exited.
+func LeaseContext(ctx context.Context, lease Lease) (lctx context.Context, stop func()) {
+	lctx, cancel := context.WithCancelCause(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		select {
+		case <-lease.Done():
+			cancel(lease.Err())
+		case <-lctx.Done():
+		}
+	}()
+	return lctx, func() {
+		cancel(context.Canceled)
+		<-done
+	}
 }
 
 // releaseTimeout bounds the Release that Do makes after fn returns.

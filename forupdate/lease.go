@@ -166,29 +166,18 @@ func (s *Lease) keepalive(kctx context.Context) {
 // run runs fn in the lease's transaction and ends the lease: commit if fn returned
 // nil, rollback otherwise or if fn panicked.
 func (s *Lease) run(ctx context.Context, fn func(ctx context.Context, tx *sql.Tx) error) (err error) {
-	fctx, cancel := context.WithCancelCause(ctx)
-	watchDone := make(chan struct{})
-	go func() {
-		defer close(watchDone)
-		select {
-		case <-s.Done():
-			cancel(s.Err())
-		case <-fctx.Done():
-		}
-	}()
+	fctx, stop := sqllock.LeaseContext(ctx, s)
 	// Ending the lease must not depend on ctx, which may have ended.
 	ectx := context.WithoutCancel(ctx)
 	defer func() {
-		cancel(context.Canceled)
-		<-watchDone
+		stop()
 		if p := recover(); p != nil {
 			s.Rollback(ectx)
 			panic(p)
 		}
 	}()
 	ferr := fn(fctx, s.tx)
-	cancel(context.Canceled)
-	<-watchDone
+	stop()
 	if ferr != nil {
 		rerr := s.Rollback(ectx)
 		if errors.Is(rerr, sqllock.ErrLost) {
