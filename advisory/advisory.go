@@ -12,6 +12,7 @@ import (
 
 	"github.com/sqllock/sqllock"
 	"github.com/sqllock/sqllock/internal/fence"
+	"github.com/sqllock/sqllock/internal/interrupt"
 	"github.com/sqllock/sqllock/internal/namekey"
 	"github.com/sqllock/sqllock/internal/sqlerr"
 )
@@ -385,7 +386,7 @@ func (l *Locker) lock(ctx context.Context, op string, id lockID, wait bool) (*Le
 	}
 	if err != nil || !ok || dirty {
 		if dirty || err != nil {
-			discard(conn)
+			interrupt.Release(conn, true)
 		} else {
 			conn.Close()
 		}
@@ -404,7 +405,7 @@ func (l *Locker) lock(ctx context.Context, op string, id lockID, wait bool) (*Le
 	if l.cfg.token {
 		tok, err = fence.NextAutocommit(ctx, conn, l.dialect, id.name)
 		if err != nil {
-			discard(conn)
+			interrupt.Release(conn, true)
 			if cerr := ctx.Err(); cerr != nil {
 				return nil, l.errorf(op, id, sqllock.ErrNotAcquired, cerr)
 			}
@@ -412,11 +413,4 @@ func (l *Locker) lock(ctx context.Context, op string, id lockID, wait bool) (*Le
 		}
 	}
 	return l.startSession(conn, id, sid, tok), nil
-}
-
-// discard closes conn's session instead of returning it to the pool: the server
-// drops every lock the session held.
-func discard(conn *sql.Conn) {
-	_ = conn.Raw(func(any) error { return errBadConn })
-	conn.Close()
 }

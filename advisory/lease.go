@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sqllock/sqllock"
+	"github.com/sqllock/sqllock/internal/interrupt"
 	"github.com/sqllock/sqllock/internal/leasestate"
 	"github.com/sqllock/sqllock/internal/sqlerr"
 )
@@ -160,7 +161,7 @@ func (s *session) release(ctx context.Context, le *Lease) error {
 	held, err := s.unlock(ctx)
 	switch {
 	case err != nil:
-		discard(s.conn)
+		interrupt.Release(s.conn, true)
 		if sqlerr.Is(err, sqlerr.SessionLost) {
 			return s.errorf("release", sqllock.ErrLost, err)
 		}
@@ -169,7 +170,7 @@ func (s *session) release(ctx context.Context, le *Lease) error {
 			"name", s.id.name, "dialect", s.l.dialect.String(), "err", err)
 		return nil
 	case !held:
-		discard(s.conn)
+		interrupt.Release(s.conn, true)
 		return s.errorf("release", sqllock.ErrLost, errors.New("the session no longer held the lock"))
 	}
 	return s.conn.Close()
@@ -243,7 +244,7 @@ func (s *session) lose(cause error) {
 		le.st.End(s.lostErr)
 	}
 	s.removeOwner()
-	discard(s.conn)
+	interrupt.Release(s.conn, true)
 	s.l.cfg.logger.Warn("sqllock/advisory: lock lost", "name", s.id.name,
 		"dialect", s.l.dialect.String(), "session", s.sid, "err", cause)
 }

@@ -3,17 +3,12 @@ package advisory
 import (
 	"context"
 	"database/sql"
-	"database/sql/driver"
 	"errors"
 	"strconv"
-	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/sqllock/sqllock/internal/interrupt"
 )
-
-var errBadConn = driver.ErrBadConn
 
 // pgStatements holds the SQL of one PostgreSQL mode (exclusive or shared) and key form
 // (two int4, or one bigint).
@@ -54,10 +49,6 @@ func b2i(b bool) int {
 
 func (l *Locker) pgStmts(id lockID) *pgStatements { return &pgSQL[b2i(l.shared)][b2i(id.raw)] }
 
-// cancelGrace bounds how long a blocked pg_advisory_lock may take to return after its
-// cancel request was sent before its connection is broken instead.
-const cancelGrace = time.Second
-
 // pgLock takes the lock on conn. dirty reports that the session must be discarded.
 func (l *Locker) pgLock(ctx context.Context, conn *sql.Conn, id lockID, wait bool) (sid int64, ok, dirty bool, err error) {
 	st := l.pgStmts(id)
@@ -66,62 +57,24 @@ func (l *Locker) pgLock(ctx context.Context, conn *sql.Conn, id lockID, wait boo
 		err = conn.QueryRowContext(ctx, st.try, id.pgArgs()...).Scan(&ok, &pid)
 		return pid, ok, err != nil, err
 	}
-
-	var pgc *pgconn.PgConn
-	_ = conn.Raw(func(dc any) error {
-		if c, isPgx := dc.(interface{ Conn() *pgx.Conn }); isPgx {
-			pgc = c.Conn().PgConn()
-		}
-		return nil
-	})
-	if pgc == nil {
-		// Another driver: the driver aborts the statement as it sees fit; the session
-		// is discarded afterwards, so a lock granted at that instant dies with it.
-		err = conn.QueryRowContext(ctx, st.wait, id.pgArgs()...).Scan(&sid)
-		return sid, err == nil, err != nil || ctx.Err() != nil, err
-	}
-
-	// How pgx ends a statement whose context ended depends on its context watcher
-	// handler (set by the user's connection config): a closed socket may not be noticed
-	// by a backend blocked on a lock until the lock is granted (PostgreSQL checks idle
-	// clients only with client_connection_check_interval, off by default). Do not rely
-	// on it: run the statement on a context of our own, send a cancel request when ctx
-	// ends, and break the connection only if that fails.
-	qctx, qcancel := context.WithCancel(context.WithoutCancel(ctx))
-	defer qcancel()
-	finished := make(chan struct{})
-	sent := make(chan struct{})
-	stop := context.AfterFunc(ctx, func() {
-		defer close(sent)
-		cctx, cancel := context.WithTimeout(context.Background(), cancelGrace)
-		defer cancel()
-		if pgc.CancelRequest(cctx) == nil {
-			select {
-			case <-finished:
-				return
-			case <-cctx.Done():
-			}
-		}
-		qcancel()
-	})
-	err = conn.QueryRowContext(qctx, st.wait, id.pgArgs()...).Scan(&sid)
-	close(finished)
-	if !stop() {
-		<-sent
-		// A cancel request may still be in flight towards this session, and the lock
-		// may have been granted: the session cannot be trusted with anything else.
-		dirty = true
-	}
+	// A wait that ctx ends is cancelled on the server (see internal/interrupt): with
+	// pgx by cancel requests; with another driver the connection is broken. After an
+	// error the session is discarded, so that a lock granted at that instant dies
+	// with it.
+	dirty, err = l.interrupter().Run(ctx, interrupt.Target{PgConn: interrupt.PgConn(conn), Label: id.name}, false,
+		func(qctx context.Context) error {
+			return conn.QueryRowContext(qctx, st.wait, id.pgArgs()...).Scan(&sid)
+		})
 	return sid, err == nil, dirty || err != nil, err
+}
+
+func (l *Locker) interrupter() interrupt.Interrupter {
+	return interrupt.Interrupter{DB: l.db, Logger: l.cfg.logger}
 }
 
 // noDeadlineWait is the GET_LOCK timeout used when ctx has no deadline; the wait is
 // repeated after it. MariaDB rejects negative (infinite) timeouts.
 const noDeadlineWait = 365 * 24 * time.Hour
-
-// killGrace bounds how long an interrupted GET_LOCK wait may wait for a pooled
-// connection to send KILL QUERY from, before the waiter's connection is closed instead.
-const killGrace = 200 * time.Millisecond
 
 // myLock takes the lock on conn with GET_LOCK. The name is hex and the timeout a
 // number formatted here, so each statement is sent as text with no parameters: one
@@ -176,33 +129,22 @@ func (l *Locker) myLock(ctx context.Context, conn *sql.Conn, id lockID, wait boo
 	}
 }
 
-// myWait runs the blocking GET_LOCK q on conn (session sid). go-sql-driver would close
-// the connection when ctx ends, and a server thread blocked in GET_LOCK does not
-// notice a closed socket: it stays queued, may be granted the lock, and holds it until
-// it notices (about a second, seen on MariaDB 10.11). So the statement runs on a
-// context of its own, and when ctx ends the wait is interrupted with KILL QUERY from
-// another pooled connection; the session stays usable. Only if no connection is free
-// within killGrace is the waiter's connection closed (broken).
+// myWait runs the blocking GET_LOCK q on conn (session sid). A thread blocked in
+// GET_LOCK does not notice a closed socket: it would stay queued, may be granted the
+// lock, and hold it until it notices (about a second, seen on MariaDB 10.11). So when
+// ctx ends the wait is interrupted with KILL QUERY from another pooled connection
+// (see internal/interrupt), and the session stays usable; broken reports that no
+// connection was free and the waiter's connection was closed instead.
 func (l *Locker) myWait(ctx context.Context, conn *sql.Conn, sid int64, q string) (got sql.NullInt64, interrupted, broken bool, err error) {
-	qctx, qcancel := context.WithCancel(context.WithoutCancel(ctx))
-	defer qcancel()
-	var closed atomic.Bool
-	done := make(chan struct{})
-	stop := context.AfterFunc(ctx, func() {
-		defer close(done)
-		kctx, cancel := context.WithTimeout(context.Background(), killGrace)
-		defer cancel()
-		if _, kerr := l.db.ExecContext(kctx, "KILL QUERY "+strconv.FormatInt(sid, 10)); kerr != nil {
-			closed.Store(true)
-			qcancel()
-		}
+	kill := "KILL QUERY " + strconv.FormatInt(sid, 10)
+	broken, err = l.interrupter().Run(ctx, interrupt.Target{
+		Kill: func(kctx context.Context, kc *sql.Conn) error {
+			_, err := kc.ExecContext(kctx, kill)
+			return err
+		},
+		Label: q,
+	}, false, func(qctx context.Context) error {
+		return conn.QueryRowContext(qctx, q).Scan(&got)
 	})
-	err = conn.QueryRowContext(qctx, q).Scan(&got)
-	if !stop() {
-		// The interrupt ran or runs: wait for it, so that a late KILL QUERY cannot
-		// hit the next statement of this session.
-		<-done
-		interrupted = true
-	}
-	return got, interrupted, closed.Load(), err
+	return got, ctx.Err() != nil, broken, err
 }

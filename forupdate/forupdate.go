@@ -3,7 +3,6 @@ package forupdate
 import (
 	"context"
 	"database/sql"
-	"database/sql/driver"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/sqllock/sqllock"
 	"github.com/sqllock/sqllock/internal/backoff"
+	"github.com/sqllock/sqllock/internal/interrupt"
 	"github.com/sqllock/sqllock/internal/namekey"
 	"github.com/sqllock/sqllock/internal/sqlerr"
 )
@@ -425,16 +425,6 @@ type grant struct {
 	since time.Time // PostgreSQL: the transaction's start, for the keepalive
 }
 
-// releaseConn returns conn to the pool, or closes its session if discard: a cancel
-// of uncertain fate may still reach it, or its connection was broken on purpose. Its
-// transaction, if any, must have ended (database/sql waits for it otherwise).
-func releaseConn(conn *sql.Conn, discard bool) {
-	if discard {
-		conn.Raw(func(any) error { return driver.ErrBadConn })
-	}
-	conn.Close()
-}
-
 // attempt makes one acquisition attempt on a fresh pooled connection.
 func (l *Locker) attempt(ctx context.Context, op, name string, key []byte, m mode, granted func()) (lease *Lease, err error) {
 	conn, err := l.db.Conn(ctx)
@@ -447,7 +437,7 @@ func (l *Locker) attempt(ctx context.Context, op, name string, key []byte, m mod
 	keep, discard := false, false
 	defer func() {
 		if !keep {
-			releaseConn(conn, discard)
+			interrupt.Release(conn, discard)
 		}
 	}()
 	target, err := l.newTarget(ctx, conn)
@@ -640,155 +630,22 @@ func (l *Locker) createRow(ctx context.Context, conn *sql.Conn, target waitTarge
 // row created and locked by another client in the meantime.
 const tryCreateWait = 500 * time.Millisecond
 
-// cancelGrace is how long after a ctx deadline a PostgreSQL statement that has a
-// lock_timeout of its own is given before it is cancelled from outside.
-const cancelGrace = 200 * time.Millisecond
-
-// interruptGrace bounds how long cancel requests are tried after ctx ended before
-// the waiting statement's connection is broken instead.
-const interruptGrace = time.Second
-
-// poolCancelWait bounds the wait for a pooled connection to send KILL QUERY (or
-// pg_cancel_backend with a driver other than pgx) from.
-const poolCancelWait = 100 * time.Millisecond
-
-// watched runs stmt, a statement that may wait for a lock on target's session, with
-// a context of its own (drivers close the connection when a statement's context
-// ends, and a server-side waiter does not notice a closed connection: it would stay
-// queued). When ctx ends first, the wait is interrupted (interrupt); serverBound
-// tells that the statement has a lock_timeout of its own ending at ctx's deadline.
-// dirty reports that the session must be discarded: its connection was broken, or a
-// cancel whose delivery is uncertain may still reach a later statement.
+// watched runs stmt, a statement that may wait for a lock on target's session, and
+// interrupts the wait on the server when ctx ends first (see internal/interrupt);
+// serverBound tells that the statement has a lock_timeout of its own ending at
+// ctx's deadline. dirty reports that the session must be discarded.
 func (l *Locker) watched(ctx context.Context, target waitTarget, serverBound bool, stmt func(qctx context.Context) error) (dirty bool, err error) {
 	l.inDB.Add(1)
 	defer l.inDB.Add(-1)
-	if ctx.Done() == nil {
-		return false, stmt(ctx)
-	}
-	qctx, breakConn := context.WithCancel(context.WithoutCancel(ctx))
-	defer breakConn()
-	finished := make(chan struct{})
-	exited := make(chan struct{})
-	clean := true
-	go func() {
-		defer close(exited)
-		select {
-		case <-finished:
-			return
-		case <-ctx.Done():
-		}
-		if serverBound && errors.Is(ctx.Err(), context.DeadlineExceeded) {
-			// lock_timeout ends the wait on the server; interrupt only as a backstop.
-			t := time.NewTimer(cancelGrace)
-			defer t.Stop()
-			select {
-			case <-finished:
-				return
-			case <-t.C:
-			}
-		}
-		select {
-		case <-finished:
-			return
-		default:
-		}
-		clean = l.interrupt(target, finished, breakConn)
-	}()
-	err = stmt(qctx)
-	// No other statement may start on the session while a cancel of this one is on
-	// its way: wait for the interrupter. A cancel that arrives between statements is
-	// ignored by both servers.
-	close(finished)
-	<-exited
-	return !clean, err
-}
-
-// interrupt ends the waiting statement of target, whose ctx ended, and reports
-// whether the session is clean once finished is closed. PostgreSQL with pgx: cancel
-// requests, sent out of band (no pooled connection), repeated until the statement
-// returns. Otherwise: KILL QUERY (pg_cancel_backend) from a pooled connection, but
-// only if one is free at once, so that a full pool does not hold up the
-// cancellation. If the statement has not returned within interruptGrace, or no
-// connection was free, the waiter's connection is broken (the server then ends the
-// wait at its lock wait timeout, which a deadline bounds, or when the lock is
-// granted to the dead session, which it gives up at once).
-func (l *Locker) interrupt(target waitTarget, finished <-chan struct{}, breakConn func()) bool {
-	until := time.Now().Add(interruptGrace)
-	var clean bool
-	if target.pgc != nil {
-		clean = l.cancelRequests(target.pgc, finished, until)
-	} else {
-		clean = l.cancelFromPool(target, finished, until)
-	}
-	if !clean {
-		breakConn()
-	}
-	return clean
-}
-
-// cancelRequests sends PostgreSQL cancel requests for pgc's session until finished
-// is closed or until. It reports whether finished was closed with every request
-// acknowledged by the server (so none can reach a later statement).
-func (l *Locker) cancelRequests(pgc *pgconn.PgConn, finished <-chan struct{}, until time.Time) bool {
-	certain := true
-	for pause := 10 * time.Millisecond; time.Now().Before(until); pause = min(2*pause, 200*time.Millisecond) {
-		cctx, cancel := context.WithDeadline(context.Background(), until)
-		err := pgc.CancelRequest(cctx)
-		if err != nil || cctx.Err() != nil {
-			// Not sent, or sent without the server's acknowledgement: it may still
-			// arrive later.
-			certain = false
-			l.cfg.logger.Warn("sqllock/forupdate: cancel request failed", "pid", pgc.PID(), "err", err)
-		}
-		cancel()
-		t := time.NewTimer(min(pause, max(time.Until(until), 0)))
-		select {
-		case <-finished:
-			t.Stop()
-			return certain
-		case <-t.C:
-		}
-	}
-	return false
-}
-
-// cancelFromPool interrupts target's statement from a pooled connection, if one is
-// free at once, repeating until finished is closed or until. It reports whether
-// finished was closed with every cancel statement completed.
-func (l *Locker) cancelFromPool(target waitTarget, finished <-chan struct{}, until time.Time) bool {
-	if st := l.db.Stats(); st.MaxOpenConnections > 0 && st.Idle == 0 && st.OpenConnections >= st.MaxOpenConnections {
-		l.cfg.logger.Warn("sqllock/forupdate: no free connection to interrupt a lock wait from: breaking its connection", "target", target.marker)
-		return false
-	}
-	cctx, cancel := context.WithDeadline(context.Background(), until)
-	defer cancel()
-	gctx, gcancel := context.WithTimeout(cctx, poolCancelWait)
-	conn, err := l.db.Conn(gctx)
-	gcancel()
-	if err != nil {
-		l.cfg.logger.Warn("sqllock/forupdate: no connection to interrupt a lock wait from: breaking its connection", "target", target.marker, "err", err)
-		return false
-	}
-	for pause := 10 * time.Millisecond; ; pause = min(2*pause, 200*time.Millisecond) {
-		// Not found: the statement has not started waiting yet, or has returned.
-		if _, err := cancelOn(cctx, conn, l.dialect, target.pid, target.marker); err != nil {
-			l.cfg.logger.Warn("sqllock/forupdate: interrupting a lock wait failed", "target", target.marker, "err", err)
-			releaseConn(conn, true)
-			return false
-		}
-		t := time.NewTimer(pause)
-		select {
-		case <-finished:
-			t.Stop()
-			conn.Close()
-			return true
-		case <-cctx.Done():
-			t.Stop()
-			conn.Close()
-			return false
-		case <-t.C:
-		}
-	}
+	return interrupt.Interrupter{DB: l.db, Logger: l.cfg.logger}.Run(ctx, interrupt.Target{
+		PgConn: target.pgc,
+		Kill: func(ctx context.Context, conn *sql.Conn) error {
+			// Not found: the statement has not started waiting yet, or has returned.
+			_, err := cancelOn(ctx, conn, l.dialect, target.pid, target.marker)
+			return err
+		},
+		Label: target.marker,
+	}, serverBound, stmt)
 }
 
 // anyAttempt makes one TryAcquireAny attempt.
@@ -803,7 +660,7 @@ func (l *Locker) anyAttempt(ctx context.Context, op string, keys [][]byte, names
 	keep, discard := false, false
 	defer func() {
 		if !keep {
-			releaseConn(conn, discard)
+			interrupt.Release(conn, discard)
 		}
 	}()
 	fail := func(err error) (*Lease, error) {

@@ -11,10 +11,10 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/sqllock/sqllock"
+	"github.com/sqllock/sqllock/internal/interrupt"
 	"github.com/sqllock/sqllock/internal/sqlerr"
 )
 
@@ -111,15 +111,8 @@ func anyArgs(keys [][]byte, times int) []any {
 // is pgx, its *pgconn.PgConn (for out-of-band cancel requests), read without a round
 // trip. With another driver the pid is queried and pgc is nil.
 func pgSession(ctx context.Context, conn *sql.Conn) (pid int64, pgc *pgconn.PgConn, err error) {
-	err = conn.Raw(func(dc any) error {
-		if p, ok := dc.(interface{ Conn() *pgx.Conn }); ok && p.Conn() != nil {
-			pgc = p.Conn().PgConn()
-			pid = int64(pgc.PID())
-		}
-		return nil
-	})
-	if err == nil && pid != 0 {
-		return pid, pgc, nil
+	if pgc = interrupt.PgConn(conn); pgc != nil {
+		return int64(pgc.PID()), pgc, nil
 	}
 	err = conn.QueryRowContext(ctx, pgPID).Scan(&pid)
 	return pid, nil, err
