@@ -3,161 +3,14 @@ package forupdate_test
 import (
 	"context"
 	"crypto/sha256"
-	"database/sql"
-	"database/sql/driver"
 	"sync"
 	"sync/atomic"
 	"testing"
-
-	"github.com/jackc/pgx/v5"
 
 	"github.com/sqllock/sqllock"
 	"github.com/sqllock/sqllock/forupdate"
 	"github.com/sqllock/sqllock/testdb"
 )
-
-// Statement counting: a database/sql driver wrapper that counts what the client sends
-// (BEGIN, COMMIT, ROLLBACK and every executed statement), so statements per
-// acquisition are exact on both dialects; on MySQL the server's Questions counter is
-// reported beside it (it also counts other clients of the server).
-
-type countingConnector struct {
-	inner driver.Connector
-	n     *atomic.Int64
-}
-
-func (c countingConnector) Connect(ctx context.Context) (driver.Conn, error) {
-	conn, err := c.inner.Connect(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return &countingConn{inner: conn, n: c.n}, nil
-}
-
-func (c countingConnector) Driver() driver.Driver { return c.inner.Driver() }
-
-type countingConn struct {
-	inner driver.Conn
-	n     *atomic.Int64
-}
-
-func (c *countingConn) Prepare(q string) (driver.Stmt, error) {
-	return c.PrepareContext(context.Background(), q)
-}
-func (c *countingConn) Close() error { return c.inner.Close() }
-func (c *countingConn) Begin() (driver.Tx, error) {
-	return c.BeginTx(context.Background(), driver.TxOptions{})
-}
-
-// Conn exposes pgx's connection, as pgx's stdlib driver does.
-func (c *countingConn) Conn() *pgx.Conn {
-	if p, ok := c.inner.(interface{ Conn() *pgx.Conn }); ok {
-		return p.Conn()
-	}
-	return nil
-}
-
-func (c *countingConn) PrepareContext(ctx context.Context, q string) (driver.Stmt, error) {
-	st, err := c.inner.(driver.ConnPrepareContext).PrepareContext(ctx, q)
-	if err != nil {
-		return nil, err
-	}
-	return &countingStmt{Stmt: st, n: c.n}, nil
-}
-
-func (c *countingConn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
-	c.n.Add(1)
-	tx, err := c.inner.(driver.ConnBeginTx).BeginTx(ctx, opts)
-	if err != nil {
-		return nil, err
-	}
-	return &countingTx{Tx: tx, n: c.n}, nil
-}
-
-func (c *countingConn) ExecContext(ctx context.Context, q string, args []driver.NamedValue) (driver.Result, error) {
-	r, err := c.inner.(driver.ExecerContext).ExecContext(ctx, q, args)
-	if err != driver.ErrSkip {
-		c.n.Add(1)
-	}
-	return r, err
-}
-
-func (c *countingConn) QueryContext(ctx context.Context, q string, args []driver.NamedValue) (driver.Rows, error) {
-	r, err := c.inner.(driver.QueryerContext).QueryContext(ctx, q, args)
-	if err != driver.ErrSkip {
-		c.n.Add(1)
-	}
-	return r, err
-}
-
-func (c *countingConn) CheckNamedValue(nv *driver.NamedValue) error {
-	if ch, ok := c.inner.(driver.NamedValueChecker); ok {
-		return ch.CheckNamedValue(nv)
-	}
-	return driver.ErrSkip
-}
-
-func (c *countingConn) ResetSession(ctx context.Context) error {
-	if r, ok := c.inner.(driver.SessionResetter); ok {
-		return r.ResetSession(ctx)
-	}
-	return nil
-}
-
-func (c *countingConn) IsValid() bool {
-	if v, ok := c.inner.(driver.Validator); ok {
-		return v.IsValid()
-	}
-	return true
-}
-
-type countingStmt struct {
-	driver.Stmt
-	n *atomic.Int64
-}
-
-func (s *countingStmt) ExecContext(ctx context.Context, args []driver.NamedValue) (driver.Result, error) {
-	s.n.Add(1)
-	return s.Stmt.(driver.StmtExecContext).ExecContext(ctx, args)
-}
-
-func (s *countingStmt) QueryContext(ctx context.Context, args []driver.NamedValue) (driver.Rows, error) {
-	s.n.Add(1)
-	return s.Stmt.(driver.StmtQueryContext).QueryContext(ctx, args)
-}
-
-type countingTx struct {
-	driver.Tx
-	n *atomic.Int64
-}
-
-func (t *countingTx) Commit() error   { t.n.Add(1); return t.Tx.Commit() }
-func (t *countingTx) Rollback() error { t.n.Add(1); return t.Tx.Rollback() }
-
-// openCounting opens a pool to the test database whose statements are counted in n.
-func openCounting(b *testing.B, d sqllock.Dialect, n *atomic.Int64) *sql.DB {
-	plain := testdb.Open(b, d)
-	dc, ok := plain.Driver().(driver.DriverContext)
-	if !ok {
-		b.Fatalf("driver %T has no connector", plain.Driver())
-	}
-	inner, err := dc.OpenConnector(testdb.DSN(b, d))
-	if err != nil {
-		b.Fatal(err)
-	}
-	db := sql.OpenDB(countingConnector{inner: inner, n: n})
-	b.Cleanup(func() { db.Close() })
-	return db
-}
-
-func questions(b *testing.B, db *sql.DB) int64 {
-	var name string
-	var v int64
-	if err := db.QueryRow("SHOW GLOBAL STATUS LIKE 'Questions'").Scan(&name, &v); err != nil {
-		b.Fatal(err)
-	}
-	return v
-}
 
 // baselineNs holds the raw baseline's ns/op of each dialect, measured first in the
 // same run, for the ratio reported by the Locker benchmark.
@@ -172,7 +25,7 @@ func BenchmarkUncontended(b *testing.B) {
 	for _, d := range testdb.Dialects {
 		b.Run(d.String(), func(b *testing.B) {
 			var n atomic.Int64
-			db := openCounting(b, d, &n)
+			db := testdb.OpenCounting(b, d, &n)
 			l, err := forupdate.New(db, d)
 			if err != nil {
 				b.Fatal(err)
@@ -274,7 +127,7 @@ func BenchmarkContended(b *testing.B) {
 	for _, d := range testdb.Dialects {
 		b.Run(d.String(), func(b *testing.B) {
 			var n atomic.Int64
-			db := openCounting(b, d, &n)
+			db := testdb.OpenCounting(b, d, &n)
 			admin := testdb.Open(b, d)
 			l, err := forupdate.New(db, d)
 			if err != nil {
@@ -290,7 +143,7 @@ func BenchmarkContended(b *testing.B) {
 			const goroutines = 8
 			var q0 int64
 			if d == sqllock.MySQL {
-				q0 = questions(b, admin)
+				q0 = testdb.Questions(b, admin)
 			}
 			n.Store(0)
 			b.ResetTimer()
@@ -319,7 +172,7 @@ func BenchmarkContended(b *testing.B) {
 			b.ReportMetric(float64(n.Load())/float64(b.N), "stmts/op")
 			if d == sqllock.MySQL {
 				// minus the SHOW STATUS that reads the counter
-				b.ReportMetric(float64(questions(b, admin)-q0-1)/float64(b.N), "server-questions/op")
+				b.ReportMetric(float64(testdb.Questions(b, admin)-q0-1)/float64(b.N), "server-questions/op")
 			}
 		})
 	}

@@ -3,15 +3,10 @@ package uniqueindex
 import (
 	"context"
 	"database/sql"
-	"database/sql/driver"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/go-sql-driver/mysql"
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/sqllock/sqllock"
 	"github.com/sqllock/sqllock/internal/namekey"
@@ -29,143 +24,13 @@ import (
 // is not installed on the test servers) and, on MySQL, also on the server as a delta
 // of the global Questions counter (which includes other clients of the server).
 
-// countingDB opens a pool on the test server of d whose statements are counted in n.
-// (Its connections are wrapped, so the Locker's PostgreSQL listener cannot start and
-// waiters of other processes would poll; in-process waiters do not need it.)
+// countingDB opens a pool on the test server of d whose statements are counted.
 func countingDB(b *testing.B, d sqllock.Dialect) (*sql.DB, *atomic.Int64) {
 	b.Helper()
-	dsn := testdb.DSN(b, d)
-	var inner driver.Connector
-	if d == sqllock.Postgres {
-		cfg, err := pgx.ParseConfig(dsn)
-		if err != nil {
-			b.Fatal(err)
-		}
-		inner = stdlib.GetConnector(*cfg)
-	} else {
-		cfg, err := mysql.ParseDSN(dsn)
-		if err != nil {
-			b.Fatal(err)
-		}
-		if inner, err = mysql.NewConnector(cfg); err != nil {
-			b.Fatal(err)
-		}
-	}
 	n := new(atomic.Int64)
-	db := sql.OpenDB(countConnector{inner, n})
+	db := testdb.OpenCounting(b, d, n)
 	db.SetMaxIdleConns(16)
-	b.Cleanup(func() { db.Close() })
 	return db, n
-}
-
-type countConnector struct {
-	driver.Connector
-	n *atomic.Int64
-}
-
-func (c countConnector) Connect(ctx context.Context) (driver.Conn, error) {
-	conn, err := c.Connector.Connect(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return &countConn{conn, c.n}, nil
-}
-
-type countConn struct {
-	driver.Conn
-	n *atomic.Int64
-}
-
-// Statements are counted when executed; a call the driver declines (driver.ErrSkip:
-// database/sql then prepares and executes it) is counted at its execution.
-func (c *countConn) ExecContext(ctx context.Context, q string, args []driver.NamedValue) (driver.Result, error) {
-	r, err := c.Conn.(driver.ExecerContext).ExecContext(ctx, q, args)
-	if err != driver.ErrSkip {
-		c.n.Add(1)
-	}
-	return r, err
-}
-
-func (c *countConn) QueryContext(ctx context.Context, q string, args []driver.NamedValue) (driver.Rows, error) {
-	r, err := c.Conn.(driver.QueryerContext).QueryContext(ctx, q, args)
-	if err != driver.ErrSkip {
-		c.n.Add(1)
-	}
-	return r, err
-}
-
-func (c *countConn) PrepareContext(ctx context.Context, q string) (driver.Stmt, error) {
-	var st driver.Stmt
-	var err error
-	if p, ok := c.Conn.(driver.ConnPrepareContext); ok {
-		st, err = p.PrepareContext(ctx, q)
-	} else {
-		st, err = c.Conn.Prepare(q)
-	}
-	if err != nil {
-		return nil, err
-	}
-	return &countStmt{st, c.n}, nil
-}
-
-type countStmt struct {
-	driver.Stmt
-	n *atomic.Int64
-}
-
-func (s *countStmt) ExecContext(ctx context.Context, args []driver.NamedValue) (driver.Result, error) {
-	s.n.Add(1)
-	return s.Stmt.(driver.StmtExecContext).ExecContext(ctx, args)
-}
-
-func (s *countStmt) QueryContext(ctx context.Context, args []driver.NamedValue) (driver.Rows, error) {
-	s.n.Add(1)
-	return s.Stmt.(driver.StmtQueryContext).QueryContext(ctx, args)
-}
-
-func (s *countStmt) CheckNamedValue(nv *driver.NamedValue) error {
-	if ch, ok := s.Stmt.(driver.NamedValueChecker); ok {
-		return ch.CheckNamedValue(nv)
-	}
-	return driver.ErrSkip
-}
-
-func (c *countConn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
-	return c.Conn.(driver.ConnBeginTx).BeginTx(ctx, opts)
-}
-
-func (c *countConn) ResetSession(ctx context.Context) error {
-	if r, ok := c.Conn.(driver.SessionResetter); ok {
-		return r.ResetSession(ctx)
-	}
-	return nil
-}
-
-func (c *countConn) IsValid() bool {
-	if v, ok := c.Conn.(driver.Validator); ok {
-		return v.IsValid()
-	}
-	return true
-}
-
-func (c *countConn) CheckNamedValue(nv *driver.NamedValue) error {
-	if ch, ok := c.Conn.(driver.NamedValueChecker); ok {
-		return ch.CheckNamedValue(nv)
-	}
-	return driver.ErrSkip
-}
-
-// questions returns MySQL's global Questions counter (0 on PostgreSQL).
-func questions(b *testing.B, db *sql.DB, d sqllock.Dialect) int64 {
-	if d != sqllock.MySQL {
-		return 0
-	}
-	var k string
-	var v int64
-	if err := db.QueryRowContext(context.Background(), "SHOW GLOBAL STATUS LIKE 'Questions'").Scan(&k, &v); err != nil {
-		b.Fatal(err)
-	}
-	return v
 }
 
 // raw is the hand-written floor: one INSERT to take the lock, one DELETE to free it,
@@ -292,7 +157,7 @@ func BenchmarkContended(b *testing.B) {
 				per := make([]int64, workers)
 				var errOnce sync.Once
 				var firstErr error
-				q0, s0 := questions(b, admin, d), sent.Load()
+				q0, s0 := testdb.Questions(b, admin), sent.Load()
 				b.ResetTimer()
 				var wg sync.WaitGroup
 				for g := 0; g < workers; g++ {
@@ -316,7 +181,7 @@ func BenchmarkContended(b *testing.B) {
 				if firstErr != nil {
 					b.Fatal(firstErr)
 				}
-				q1, s1 := questions(b, admin, d), sent.Load()
+				q1, s1 := testdb.Questions(b, admin), sent.Load()
 				minShare := int64(b.N)
 				for _, n := range per {
 					minShare = min(minShare, n)
