@@ -10,8 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
-
 	"github.com/sqllock/sqllock"
 	"github.com/sqllock/sqllock/advisory"
 	"github.com/sqllock/sqllock/forupdate"
@@ -62,19 +60,13 @@ var strategies = []strategy{
 	}},
 }
 
-func ctxFor(t testing.TB, d time.Duration) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	t.Cleanup(cancel)
-	return ctx
-}
-
 // TestFreshSchema: in a new, empty schema (PostgreSQL) or database (MySQL), Up
 // creates what every strategy needs; Down removes it, so the strategies fail with a
 // clear error; Up again brings them back, with tokens counted from the start.
 func TestFreshSchema(t *testing.T) {
 	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
 		db := testdb.OpenIsolated(t, d)
-		ctx := ctxFor(t, 2*time.Minute)
+		ctx := testdb.Context(t, 2*time.Minute)
 		use := func(s strategy, wantToken int64) error {
 			l := s.new(t, db, d)
 			lease, err := l.Acquire(ctx, "fresh/"+s.name)
@@ -123,9 +115,8 @@ func TestReplicas(t *testing.T) {
 		for _, s := range strategies {
 			t.Run(s.name, func(t *testing.T) {
 				// Registered first, so it runs after the pools and Lockers are closed.
-				ignore := goleak.IgnoreCurrent()
-				t.Cleanup(func() { goleak.VerifyNone(t, ignore) })
-				ctx := ctxFor(t, 2*time.Minute)
+				testdb.CheckLeaks(t)
+				ctx := testdb.Context(t, 2*time.Minute)
 				admin := testdb.Open(t, d)
 				table := fmt.Sprintf("sqllock_it_jobs_%s", s.name)
 				ph := "?"
@@ -205,7 +196,7 @@ func (s tokenSpy) Acquire(ctx context.Context, name string, opts ...sqllock.Acqu
 // name must be locked with one strategy everywhere.
 func TestStrategiesAreIndependent(t *testing.T) {
 	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
-		ctx := ctxFor(t, time.Minute)
+		ctx := testdb.Context(t, time.Minute)
 		name := testdb.Name(t)
 		var held []sqllock.Lease
 		for _, s := range strategies {

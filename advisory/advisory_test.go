@@ -12,8 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
-
 	"github.com/sqllock/sqllock"
 	"github.com/sqllock/sqllock/advisory"
 	"github.com/sqllock/sqllock/locktest"
@@ -31,17 +29,11 @@ func newLocker(t testing.TB, db *sql.DB, d sqllock.Dialect, opts ...advisory.Opt
 	return l
 }
 
-func ctxFor(t testing.TB, d time.Duration) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	t.Cleanup(cancel)
-	return ctx
-}
-
 // kill ends the session holding lease from admin, as a failure would.
 func kill(t testing.TB, admin *sql.DB, d sqllock.Dialect, lease sqllock.Lease) {
 	t.Helper()
 	sid := lease.(*advisory.Lease).SessionID()
-	ctx := ctxFor(t, 30*time.Second)
+	ctx := testdb.Context(t, 30*time.Second)
 	var err error
 	if d == sqllock.Postgres {
 		var ok bool
@@ -55,17 +47,6 @@ func kill(t testing.TB, admin *sql.DB, d sqllock.Dialect, lease sqllock.Lease) {
 	if err != nil {
 		t.Fatalf("killing session %d: %v", sid, err)
 	}
-}
-
-// leakCheck registers, before the test opens anything, a cleanup that runs after the
-// pools and lockers of the test were closed and finds leaked goroutines.
-func leakCheck(t *testing.T) {
-	ignore := goleak.IgnoreCurrent()
-	t.Cleanup(func() {
-		if err := goleak.Find(ignore); err != nil {
-			t.Errorf("goroutines leaked: %v", err)
-		}
-	})
 }
 
 func TestLocktest(t *testing.T) {
@@ -84,13 +65,13 @@ func TestLocktest(t *testing.T) {
 // kill, another client acquires, and the old lease's Release returns ErrLost.
 func TestSessionKilled(t *testing.T) {
 	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
-		leakCheck(t)
+		testdb.CheckLeaks(t)
 		const keepalive = time.Second
 		holder := newLocker(t, testdb.Open(t, d), d, advisory.WithKeepalive(keepalive))
 		other := newLocker(t, testdb.Open(t, d), d)
 		admin := testdb.Open(t, d)
 		name := testdb.Name(t)
-		lease, err := holder.Acquire(ctxFor(t, 30*time.Second), name)
+		lease, err := holder.Acquire(testdb.Context(t, 30*time.Second), name)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -105,17 +86,17 @@ func TestSessionKilled(t *testing.T) {
 		if !errors.Is(lease.Err(), sqllock.ErrLost) {
 			t.Errorf("Err() = %v, want ErrLost", lease.Err())
 		}
-		next, err := other.TryAcquire(ctxFor(t, 30*time.Second), name)
+		next, err := other.TryAcquire(testdb.Context(t, 30*time.Second), name)
 		if err != nil {
 			t.Fatalf("TryAcquire by another client after the kill: %v", err)
 		}
 		if next.Token() <= lease.Token() {
 			t.Errorf("token %d after the kill, not above %d", next.Token(), lease.Token())
 		}
-		if err := lease.Release(ctxFor(t, 30*time.Second)); !errors.Is(err, sqllock.ErrLost) {
+		if err := lease.Release(testdb.Context(t, 30*time.Second)); !errors.Is(err, sqllock.ErrLost) {
 			t.Errorf("Release of the lost lease = %v, want ErrLost", err)
 		}
-		if err := next.Release(ctxFor(t, 30*time.Second)); err != nil {
+		if err := next.Release(testdb.Context(t, 30*time.Second)); err != nil {
 			t.Errorf("Release: %v", err)
 		}
 	})
@@ -124,7 +105,7 @@ func TestSessionKilled(t *testing.T) {
 // serverHolds reports how many sessions hold or wait for the lock of name.
 func serverHolds(t testing.TB, admin *sql.DB, d sqllock.Dialect, l *advisory.Locker, name string) int {
 	t.Helper()
-	ctx := ctxFor(t, 30*time.Second)
+	ctx := testdb.Context(t, 30*time.Second)
 	var n int
 	if d == sqllock.Postgres {
 		k1, k2 := l.PostgresKeys(name)
@@ -180,7 +161,7 @@ func waitNoHolds(t testing.TB, admin *sql.DB, d sqllock.Dialect, l *advisory.Loc
 // afterwards no lock, waiting session or pooled connection is left behind.
 func TestCancellationStorm(t *testing.T) {
 	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
-		leakCheck(t)
+		testdb.CheckLeaks(t)
 		const (
 			callers = 1000
 			release = 750 * time.Millisecond
@@ -192,7 +173,7 @@ func TestCancellationStorm(t *testing.T) {
 		holderL := newLocker(t, testdb.Open(t, d), d)
 		admin := testdb.Open(t, d)
 		name := testdb.Name(t)
-		holder, err := holderL.Acquire(ctxFor(t, 30*time.Second), name)
+		holder, err := holderL.Acquire(testdb.Context(t, 30*time.Second), name)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -252,7 +233,7 @@ func TestCancellationStorm(t *testing.T) {
 		if waiting < 10 {
 			t.Errorf("only %d sessions waiting on the server: the storm did not reach the database", waiting)
 		}
-		if err := holder.Release(ctxFor(t, 30*time.Second)); err != nil {
+		if err := holder.Release(testdb.Context(t, 30*time.Second)); err != nil {
 			t.Fatal(err)
 		}
 		wg.Wait()
@@ -283,11 +264,11 @@ func TestCancellationStorm(t *testing.T) {
 		waitNoHolds(t, admin, d, l, name)
 		t.Logf("server clean %v after the last call returned", time.Since(cleaned).Round(time.Millisecond))
 		// The lock is free for anyone.
-		after, err := holderL.TryAcquire(ctxFor(t, 30*time.Second), name)
+		after, err := holderL.TryAcquire(testdb.Context(t, 30*time.Second), name)
 		if err != nil {
 			t.Fatalf("TryAcquire after the storm: %v", err)
 		}
-		if err := after.Release(ctxFor(t, 30*time.Second)); err != nil {
+		if err := after.Release(testdb.Context(t, 30*time.Second)); err != nil {
 			t.Fatal(err)
 		}
 	})
@@ -297,11 +278,11 @@ func TestCancellationStorm(t *testing.T) {
 // PostgreSQL 15; they must be two independent locks.
 func TestHashtextCollision(t *testing.T) {
 	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
-		leakCheck(t)
+		testdb.CheckLeaks(t)
 		db := testdb.Open(t, d)
 		if d == sqllock.Postgres {
 			var same bool
-			if err := db.QueryRowContext(ctxFor(t, 30*time.Second),
+			if err := db.QueryRowContext(testdb.Context(t, 30*time.Second),
 				"SELECT hashtext('lock-8327') = hashtext('lock-68168')").Scan(&same); err != nil {
 				t.Fatal(err)
 			}
@@ -313,7 +294,7 @@ func TestHashtextCollision(t *testing.T) {
 		ns := advisory.WithNamespace(testdb.Name(t))
 		a := newLocker(t, db, d, ns, advisory.WithoutToken())
 		b := newLocker(t, testdb.Open(t, d), d, ns, advisory.WithoutToken())
-		ctx := ctxFor(t, 30*time.Second)
+		ctx := testdb.Context(t, 30*time.Second)
 		la, err := a.TryAcquire(ctx, "lock-8327")
 		if err != nil {
 			t.Fatal(err)
@@ -337,7 +318,7 @@ func TestHashtextCollision(t *testing.T) {
 // hold, readers excluded while a writer holds. MySQL refuses the shared mode.
 func TestShared(t *testing.T) {
 	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
-		leakCheck(t)
+		testdb.CheckLeaks(t)
 		db := testdb.Open(t, d)
 		w := newLocker(t, db, d)
 		r, err := w.Shared()
@@ -351,7 +332,7 @@ func TestShared(t *testing.T) {
 			t.Fatal(err)
 		}
 		name := testdb.Name(t)
-		ctx := ctxFor(t, 60*time.Second)
+		ctx := testdb.Context(t, 60*time.Second)
 		const readers = 20
 		leases := make([]sqllock.Lease, readers)
 		var wg sync.WaitGroup
@@ -412,12 +393,12 @@ func TestShared(t *testing.T) {
 // and the lock is free only after the last Release.
 func TestReentrant(t *testing.T) {
 	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
-		leakCheck(t)
+		testdb.CheckLeaks(t)
 		db := testdb.Open(t, d)
 		l := newLocker(t, db, d)
 		other := newLocker(t, testdb.Open(t, d), d)
 		name := testdb.Name(t)
-		ctx := ctxFor(t, 30*time.Second)
+		ctx := testdb.Context(t, 30*time.Second)
 		own := sqllock.WithOwner("job-42")
 
 		first, err := l.Acquire(ctx, name, own)
@@ -478,11 +459,11 @@ func TestReentrant(t *testing.T) {
 // refuses both with ErrInvalidOption.
 func TestTxAndKeys(t *testing.T) {
 	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
-		leakCheck(t)
+		testdb.CheckLeaks(t)
 		db := testdb.Open(t, d)
 		l := newLocker(t, db, d)
 		name := testdb.Name(t)
-		ctx := ctxFor(t, 30*time.Second)
+		ctx := testdb.Context(t, 30*time.Second)
 		tx, err := db.BeginTx(ctx, nil)
 		if err != nil {
 			t.Fatal(err)
@@ -577,11 +558,11 @@ func TestNewOptions(t *testing.T) {
 // of waiting with it.
 func TestOwnerTryAcquireDoesNotWait(t *testing.T) {
 	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
-		leakCheck(t)
+		testdb.CheckLeaks(t)
 		l := newLocker(t, testdb.Open(t, d), d)
 		other := newLocker(t, testdb.Open(t, d), d)
 		name := testdb.Name(t)
-		ctx := ctxFor(t, 30*time.Second)
+		ctx := testdb.Context(t, 30*time.Second)
 		holder, err := other.Acquire(ctx, name)
 		if err != nil {
 			t.Fatal(err)
@@ -624,7 +605,7 @@ func TestOwnerTryAcquireDoesNotWait(t *testing.T) {
 // serverWaiters counts sessions waiting on the server for the lock of name.
 func serverWaiters(t testing.TB, admin *sql.DB, d sqllock.Dialect, l *advisory.Locker, name string) int {
 	t.Helper()
-	ctx := ctxFor(t, 10*time.Second)
+	ctx := testdb.Context(t, 10*time.Second)
 	var n int
 	var err error
 	if d == sqllock.Postgres {
@@ -651,12 +632,12 @@ AND classid = $1::int4::oid AND objid = $2::int4::oid AND objsubid = 2 AND NOT g
 // notices the dead client, so a third client would find the lock taken.
 func TestCancelLeavesNoWaiter(t *testing.T) {
 	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
-		leakCheck(t)
+		testdb.CheckLeaks(t)
 		admin := testdb.Open(t, d)
 		l := newLocker(t, testdb.Open(t, d), d)
 		other := newLocker(t, testdb.Open(t, d), d)
 		name := testdb.Name(t)
-		ctx := ctxFor(t, 30*time.Second)
+		ctx := testdb.Context(t, 30*time.Second)
 		for round := 0; round < 3; round++ {
 			holder, err := other.Acquire(ctx, name)
 			if err != nil {

@@ -7,8 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
-
 	"github.com/sqllock/sqllock"
 	"github.com/sqllock/sqllock/forupdate"
 	"github.com/sqllock/sqllock/testdb"
@@ -24,7 +22,7 @@ WHERE t.trx_mysql_thread_id = ?`
 		q = `SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))`
 	}
 	var n int
-	if err := admin.QueryRowContext(ctxFor(t, 30*time.Second), q, holder).Scan(&n); err != nil {
+	if err := admin.QueryRowContext(testdb.Context(t, 30*time.Second), q, holder).Scan(&n); err != nil {
 		t.Fatal(err)
 	}
 	return n
@@ -68,7 +66,7 @@ func waitBlocked(t testing.TB, admin *sql.DB, d sqllock.Dialect, holder int64, w
 // MySQL within the innodb_lock_wait_timeout backstop derived from the deadline
 // (rounded up to 1 s).
 func TestInterruptWithFullPool(t *testing.T) {
-	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	testdb.CheckLeaks(t)
 	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
 		for _, how := range []string{"deadline", "cancel"} {
 			t.Run(how, func(t *testing.T) {
@@ -77,11 +75,11 @@ func TestInterruptWithFullPool(t *testing.T) {
 				// No keepalive checks: they would take the connection the waiter frees.
 				l := newLocker(t, db, d, forupdate.WithKeepalive(time.Hour))
 				name := testdb.Name(t)
-				holder, err := l.Lock(ctxFor(t, 30*time.Second), name)
+				holder, err := l.Lock(testdb.Context(t, 30*time.Second), name)
 				if err != nil {
 					t.Fatal(err)
 				}
-				defer holder.Release(ctxFor(t, 30*time.Second))
+				defer holder.Release(testdb.Context(t, 30*time.Second))
 
 				const wait = 300 * time.Millisecond
 				var ctx context.Context
@@ -107,14 +105,14 @@ func TestInterruptWithFullPool(t *testing.T) {
 				select {
 				case r = <-res:
 				case <-time.After(wait + 5*time.Second):
-					holder.Release(ctxFor(t, 30*time.Second))
+					holder.Release(testdb.Context(t, 30*time.Second))
 					<-res
 					t.Fatalf("Lock still waiting 5s after its ctx ended (returned once the holder released)")
 				}
 				took := time.Since(start)
 				lease, err := r.lease, r.err
 				if err == nil {
-					lease.Release(ctxFor(t, time.Second))
+					lease.Release(testdb.Context(t, time.Second))
 					t.Fatal("acquired a held lock")
 				}
 				if !errors.Is(err, sqllock.ErrNotAcquired) || !errors.Is(err, ctx.Err()) {
@@ -128,14 +126,14 @@ func TestInterruptWithFullPool(t *testing.T) {
 				if d == sqllock.MySQL && how == "cancel" {
 					// No deadline, so no server-side bound: the waiter's connection was
 					// broken, and the server drops the dead waiter when it is granted.
-					if err := holder.Release(ctxFor(t, 30*time.Second)); err != nil {
+					if err := holder.Release(testdb.Context(t, 30*time.Second)); err != nil {
 						t.Fatal(err)
 					}
-					lease, err := l.Lock(ctxFor(t, 5*time.Second), name)
+					lease, err := l.Lock(testdb.Context(t, 5*time.Second), name)
 					if err != nil {
 						t.Fatalf("Lock after the holder released: %v", err)
 					}
-					lease.Release(ctxFor(t, 30*time.Second))
+					lease.Release(testdb.Context(t, 30*time.Second))
 					return
 				}
 				gone := waitBlocked(t, admin, d, holder.SessionID(), 0, 2*time.Second)
@@ -160,19 +158,19 @@ func (c skewedCtx) Deadline() (time.Time, bool) { return c.deadline, true }
 // TestDeadlineAlmostReached: Lock with less than a millisecond left before the
 // deadline returns an error matching both ErrNotAcquired and DeadlineExceeded.
 func TestDeadlineAlmostReached(t *testing.T) {
-	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	testdb.CheckLeaks(t)
 	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
 		db := testdb.Open(t, d)
 		l := newLocker(t, db, d)
 		name := testdb.Name(t)
-		holder, err := l.Lock(ctxFor(t, 30*time.Second), name)
+		holder, err := l.Lock(testdb.Context(t, 30*time.Second), name)
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer holder.Release(ctxFor(t, 30*time.Second))
+		defer holder.Release(testdb.Context(t, 30*time.Second))
 		// An idle connection for the waiter: dialling would fail on the past deadline
 		// before the wait is reached.
-		if err := db.PingContext(ctxFor(t, 30*time.Second)); err != nil {
+		if err := db.PingContext(testdb.Context(t, 30*time.Second)); err != nil {
 			t.Fatal(err)
 		}
 		inner, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)

@@ -9,8 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
-
 	"github.com/sqllock/sqllock"
 	"github.com/sqllock/sqllock/forupdate"
 	"github.com/sqllock/sqllock/testdb"
@@ -21,13 +19,13 @@ import (
 // a name whose row exists, can be taken at once by TryLock and Lock (on MySQL at
 // REPEATABLE READ a locking read that probes a missing key gap-locks it).
 func TestTryAcquireAnyLeavesOthersFree(t *testing.T) {
-	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	testdb.CheckLeaks(t)
 	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
 		for _, level := range []sql.IsolationLevel{sql.LevelDefault, sql.LevelRepeatableRead} {
 			t.Run(level.String(), func(t *testing.T) {
 				l := newLocker(t, testdb.Open(t, d), d, forupdate.WithIsolation(level))
 				other := newLocker(t, testdb.Open(t, d), d, forupdate.WithIsolation(level))
-				ctx := ctxFor(t, 30*time.Second)
+				ctx := testdb.Context(t, 30*time.Second)
 				used := testdb.Name(t, "used")
 				lease, err := l.Lock(ctx, used) // creates its row
 				if err != nil {
@@ -83,13 +81,13 @@ func TestTryAcquireAnyLeavesOthersFree(t *testing.T) {
 // TestReleaseDuringKeepaliveCheck: the pool is full, so the lease's keepalive check
 // waits for a connection; Release commits without waiting for that check.
 func TestReleaseDuringKeepaliveCheck(t *testing.T) {
-	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	testdb.CheckLeaks(t)
 	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
 		db := testdb.Open(t, d)
 		db.SetMaxOpenConns(2)
 		const interval = 2 * time.Second
 		l := newLocker(t, db, d, forupdate.WithKeepalive(interval))
-		ctx := ctxFor(t, 30*time.Second)
+		ctx := testdb.Context(t, 30*time.Second)
 		lease, err := l.Lock(ctx, testdb.Name(t))
 		if err != nil {
 			t.Fatal(err)
@@ -119,13 +117,13 @@ func TestReleaseDuringKeepaliveCheck(t *testing.T) {
 
 // TestReleaseAfterCtxEnded: Release commits even when its ctx has ended.
 func TestReleaseAfterCtxEnded(t *testing.T) {
-	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	testdb.CheckLeaks(t)
 	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
 		db, other := testdb.Open(t, d), testdb.Open(t, d)
 		ensureData(t, other)
 		l := newLocker(t, db, d)
 		name := testdb.Name(t)
-		ctx := ctxFor(t, 30*time.Second)
+		ctx := testdb.Context(t, 30*time.Second)
 		lease, err := l.Lock(ctx, name)
 		if err != nil {
 			t.Fatal(err)
@@ -171,7 +169,7 @@ func lockWaitSetting(t testing.TB, ctx context.Context, db *sql.DB, tx *sql.Tx, 
 // work with the lock, and reports token 0. Both forms leave the session's lock wait
 // timeout as it was for the work done in the lease after a deadline-bound wait.
 func TestWithoutToken(t *testing.T) {
-	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	testdb.CheckLeaks(t)
 	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
 		for _, noToken := range []bool{false, true} {
 			t.Run(fmt.Sprintf("without=%v", noToken), func(t *testing.T) {
@@ -184,7 +182,7 @@ func TestWithoutToken(t *testing.T) {
 				l := newLocker(t, db, d, opts...)
 				other := newLocker(t, testdb.Open(t, d), d)
 				name := testdb.Name(t)
-				ctx := ctxFor(t, 30*time.Second) // a deadline: the bounded wait
+				ctx := testdb.Context(t, 30*time.Second) // a deadline: the bounded wait
 				lease, err := l.Lock(ctx, name)
 				if err != nil {
 					t.Fatal(err)

@@ -11,8 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
-
 	"github.com/sqllock/sqllock"
 	"github.com/sqllock/sqllock/forupdate"
 	"github.com/sqllock/sqllock/locktest"
@@ -20,12 +18,6 @@ import (
 )
 
 func TestMain(m *testing.M) { os.Exit(testdb.Main(m)) }
-
-func ctxFor(t testing.TB, d time.Duration) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	t.Cleanup(cancel)
-	return ctx
-}
 
 func newLocker(t testing.TB, db *sql.DB, d sqllock.Dialect, opts ...forupdate.Option) *forupdate.Locker {
 	t.Helper()
@@ -45,7 +37,7 @@ func kill(t testing.TB, admin *sql.DB, d sqllock.Dialect, lease sqllock.Lease) {
 	if d == sqllock.Postgres {
 		q = "SELECT pg_terminate_backend($1)"
 	}
-	if _, err := admin.ExecContext(ctxFor(t, 30*time.Second), q, id); err != nil {
+	if _, err := admin.ExecContext(testdb.Context(t, 30*time.Second), q, id); err != nil {
 		t.Fatalf("killing session %d: %v", id, err)
 	}
 }
@@ -66,7 +58,7 @@ const dataTable = "sqllock_forupdate_testdata"
 
 func ensureData(t testing.TB, db *sql.DB) {
 	t.Helper()
-	_, err := db.ExecContext(ctxFor(t, 30*time.Second),
+	_, err := db.ExecContext(testdb.Context(t, 30*time.Second),
 		"CREATE TABLE IF NOT EXISTS "+dataTable+" (k varchar(255) PRIMARY KEY, v bigint NOT NULL)")
 	if err != nil {
 		t.Logf("create %s: %v", dataTable, err) // concurrent binaries may race
@@ -84,7 +76,7 @@ func ph(d sqllock.Dialect, n int) string {
 func readData(t testing.TB, db *sql.DB, d sqllock.Dialect, k string) int64 {
 	t.Helper()
 	var v int64
-	err := db.QueryRowContext(ctxFor(t, 30*time.Second), "SELECT v FROM "+dataTable+" WHERE k = "+ph(d, 1), k).Scan(&v)
+	err := db.QueryRowContext(testdb.Context(t, 30*time.Second), "SELECT v FROM "+dataTable+" WHERE k = "+ph(d, 1), k).Scan(&v)
 	if errors.Is(err, sql.ErrNoRows) {
 		return -1
 	}
@@ -103,7 +95,7 @@ func committedToken(t testing.TB, db *sql.DB, d sqllock.Dialect, name string) in
 	t.Helper()
 	var tok int64
 	q := "SELECT token FROM sqllock_rowlock WHERE name = " + ph(d, 1)
-	if err := db.QueryRowContext(ctxFor(t, 30*time.Second), q, []byte(name)).Scan(&tok); err != nil {
+	if err := db.QueryRowContext(testdb.Context(t, 30*time.Second), q, []byte(name)).Scan(&tok); err != nil {
 		t.Fatal(err)
 	}
 	return tok
@@ -112,13 +104,13 @@ func committedToken(t testing.TB, db *sql.DB, d sqllock.Dialect, name string) in
 // TestWithLockCommitsOrRollsBack: fn's write and the token commit together on
 // success and are both discarded when fn fails, as seen from another connection.
 func TestWithLockCommitsOrRollsBack(t *testing.T) {
-	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	testdb.CheckLeaks(t)
 	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
 		db, other := testdb.Open(t, d), testdb.Open(t, d)
 		ensureData(t, other)
 		l := newLocker(t, db, d)
 		name := testdb.Name(t)
-		ctx := ctxFor(t, 30*time.Second)
+		ctx := testdb.Context(t, 30*time.Second)
 
 		if err := l.WithLock(ctx, name, func(ctx context.Context, tx *sql.Tx) error { return nil }); err != nil {
 			t.Fatal(err)
@@ -182,13 +174,13 @@ func TestWithLockCommitsOrRollsBack(t *testing.T) {
 // TestHolderKilled: the holder's session is killed while a waiter is blocked; the
 // lease reports ErrLost, the waiter gets the lock, the holder's write is absent.
 func TestHolderKilled(t *testing.T) {
-	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	testdb.CheckLeaks(t)
 	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
 		db1, db2, admin := testdb.Open(t, d), testdb.Open(t, d), testdb.Open(t, d)
 		ensureData(t, admin)
 		l1, l2 := newLocker(t, db1, d), newLocker(t, db2, d)
 		name := testdb.Name(t)
-		ctx := ctxFor(t, 30*time.Second)
+		ctx := testdb.Context(t, 30*time.Second)
 		holder, err := l1.Lock(ctx, name)
 		if err != nil {
 			t.Fatal(err)
@@ -255,7 +247,7 @@ func TestHolderKilled(t *testing.T) {
 // name. The waiter cap keeps connections free: the holder commits and an unrelated
 // query completes within a second.
 func TestPoolNotExhausted(t *testing.T) {
-	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	testdb.CheckLeaks(t)
 	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
 		db := testdb.Open(t, d)
 		db.SetMaxOpenConns(10)
@@ -263,7 +255,7 @@ func TestPoolNotExhausted(t *testing.T) {
 		// of the count, which is about waiters.
 		l := newLocker(t, db, d, forupdate.WithMaxWaiters(4), forupdate.WithKeepalive(time.Hour))
 		name := testdb.Name(t)
-		ctx := ctxFor(t, 60*time.Second)
+		ctx := testdb.Context(t, 60*time.Second)
 		holder, err := l.Lock(ctx, name)
 		if err != nil {
 			t.Fatal(err)
@@ -341,12 +333,12 @@ func TestPoolNotExhausted(t *testing.T) {
 // TestSubSecondDeadline: a 300 ms deadline ends the wait within 200 ms of it, and
 // leaves no waiter queued on the server.
 func TestSubSecondDeadline(t *testing.T) {
-	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	testdb.CheckLeaks(t)
 	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
 		db := testdb.Open(t, d)
 		l := newLocker(t, db, d)
 		name := testdb.Name(t)
-		holder, err := l.Lock(ctxFor(t, 30*time.Second), name)
+		holder, err := l.Lock(testdb.Context(t, 30*time.Second), name)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -358,7 +350,7 @@ func TestSubSecondDeadline(t *testing.T) {
 			took := time.Since(start)
 			cancel()
 			if err == nil {
-				lease.Release(ctxFor(t, time.Second))
+				lease.Release(testdb.Context(t, time.Second))
 				t.Fatal("acquired a held lock")
 			}
 			if !errors.Is(err, sqllock.ErrNotAcquired) || !errors.Is(err, context.DeadlineExceeded) {
@@ -369,12 +361,12 @@ func TestSubSecondDeadline(t *testing.T) {
 				t.Errorf("Lock with a %v deadline returned after %v", wait, took)
 			}
 		}
-		holder.Release(ctxFor(t, 30*time.Second))
-		lease, err := l.TryLock(ctxFor(t, 30*time.Second), name)
+		holder.Release(testdb.Context(t, 30*time.Second))
+		lease, err := l.TryLock(testdb.Context(t, 30*time.Second), name)
 		if err != nil {
 			t.Fatalf("TryLock after the timed-out waiters: %v (a waiter was left queued)", err)
 		}
-		lease.Release(ctxFor(t, 30*time.Second))
+		lease.Release(testdb.Context(t, 30*time.Second))
 	})
 }
 
@@ -382,21 +374,21 @@ func TestSubSecondDeadline(t *testing.T) {
 // goroutines on two pools, under READ COMMITTED and REPEATABLE READ: every holder
 // reads the previous holder's committed write.
 func TestIsolation(t *testing.T) {
-	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	testdb.CheckLeaks(t)
 	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
 		for _, level := range []sql.IsolationLevel{sql.LevelReadCommitted, sql.LevelRepeatableRead} {
 			t.Run(level.String(), func(t *testing.T) {
 				admin := testdb.Open(t, d)
 				ensureData(t, admin)
 				name := testdb.Name(t)
-				if _, err := admin.ExecContext(ctxFor(t, 30*time.Second), "INSERT INTO "+dataTable+" (k, v) VALUES ("+ph(d, 1)+", 0)", name); err != nil {
+				if _, err := admin.ExecContext(testdb.Context(t, 30*time.Second), "INSERT INTO "+dataTable+" (k, v) VALUES ("+ph(d, 1)+", 0)", name); err != nil {
 					t.Fatal(err)
 				}
 				ls := []*forupdate.Locker{
 					newLocker(t, testdb.Open(t, d), d, forupdate.WithIsolation(level)),
 					newLocker(t, testdb.Open(t, d), d, forupdate.WithIsolation(level)),
 				}
-				ctx := ctxFor(t, 60*time.Second)
+				ctx := testdb.Context(t, 60*time.Second)
 				var wg sync.WaitGroup
 				const goroutines, each = 6, 15
 				errs := make(chan error, goroutines)
@@ -434,11 +426,11 @@ func TestIsolation(t *testing.T) {
 }
 
 func TestTryAcquireAny(t *testing.T) {
-	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	testdb.CheckLeaks(t)
 	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
 		l := newLocker(t, testdb.Open(t, d), d)
 		l2 := newLocker(t, testdb.Open(t, d), d)
-		ctx := ctxFor(t, 30*time.Second)
+		ctx := testdb.Context(t, 30*time.Second)
 		names := []string{testdb.Name(t, "a"), testdb.Name(t, "b"), testdb.Name(t, "c")}
 		a, err := l.Lock(ctx, names[0])
 		if err != nil {
@@ -484,13 +476,13 @@ func TestTryAcquireAny(t *testing.T) {
 // TestConcurrentFirstUse: many clients take a new name at once; creating its row
 // never deadlocks or fails.
 func TestConcurrentFirstUse(t *testing.T) {
-	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	testdb.CheckLeaks(t)
 	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
 		ls := []*forupdate.Locker{newLocker(t, testdb.Open(t, d), d), newLocker(t, testdb.Open(t, d), d)}
 		for _, level := range []sql.IsolationLevel{sql.LevelRepeatableRead} {
 			ls = append(ls, newLocker(t, testdb.Open(t, d), d, forupdate.WithIsolation(level)))
 		}
-		ctx := ctxFor(t, 60*time.Second)
+		ctx := testdb.Context(t, 60*time.Second)
 		for round := 0; round < 5; round++ {
 			name := testdb.Name(t)
 			var wg sync.WaitGroup

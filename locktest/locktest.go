@@ -19,8 +19,6 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
-
 	"github.com/sqllock/sqllock"
 	"github.com/sqllock/sqllock/testdb"
 )
@@ -97,14 +95,9 @@ func Run(t *testing.T, cfg Config) {
 		{"Do", testDo},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			ignore := goleak.IgnoreCurrent()
 			// Registered first, so it runs last: after the pools and lockers the case
 			// opened were closed by their own cleanups.
-			t.Cleanup(func() {
-				if err := goleak.Find(ignore); err != nil {
-					t.Errorf("locktest: goroutines leaked: %v", err)
-				}
-			})
+			testdb.CheckLeaks(t)
 			cfgc := cfg
 			cfgc.Open = func(t testing.TB, d sqllock.Dialect) *sql.DB {
 				db := cfg.Open(t, d)
@@ -122,12 +115,6 @@ func Run(t *testing.T, cfg Config) {
 	}
 }
 
-func ctxFor(t testing.TB, d time.Duration) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	t.Cleanup(cancel)
-	return ctx
-}
-
 func uniqueName(t testing.TB, parts ...string) string { return testdb.Name(t, parts...) }
 
 // lockers opens n pools and a Locker on each.
@@ -141,14 +128,14 @@ func lockers(t *testing.T, cfg *Config, n int) []sqllock.Locker {
 
 func release(t testing.TB, l sqllock.Lease) {
 	t.Helper()
-	if err := l.Release(ctxFor(t, 30*time.Second)); err != nil {
+	if err := l.Release(testdb.Context(t, 30*time.Second)); err != nil {
 		t.Errorf("Release(%q): %v", l.Name(), err)
 	}
 }
 
 func mustAcquire(t testing.TB, l sqllock.Locker, name string) sqllock.Lease {
 	t.Helper()
-	lease, err := l.Acquire(ctxFor(t, 30*time.Second), name)
+	lease, err := l.Acquire(testdb.Context(t, 30*time.Second), name)
 	if err != nil {
 		t.Fatalf("Acquire(%q): %v", name, err)
 	}
@@ -161,9 +148,9 @@ func mustAcquire(t testing.TB, l sqllock.Locker, name string) sqllock.Lease {
 // wantNotAcquired checks a TryAcquire that must fail because the lock is held.
 func wantNotAcquired(t testing.TB, l sqllock.Locker, name, why string) {
 	t.Helper()
-	lease, err := l.TryAcquire(ctxFor(t, 30*time.Second), name)
+	lease, err := l.TryAcquire(testdb.Context(t, 30*time.Second), name)
 	if err == nil {
-		lease.Release(ctxFor(t, 30*time.Second))
+		lease.Release(testdb.Context(t, 30*time.Second))
 		t.Fatalf("TryAcquire(%q) succeeded %s", name, why)
 	}
 	if !errors.Is(err, sqllock.ErrNotAcquired) {
@@ -178,34 +165,16 @@ const counterTable = "sqllock_locktest_counter"
 
 func ensureCounter(t testing.TB, db *sql.DB, d sqllock.Dialect, name string) {
 	t.Helper()
-	ctx := ctxFor(t, 30*time.Second)
+	ctx := testdb.Context(t, 30*time.Second)
 	ddl := "CREATE TABLE IF NOT EXISTS " + counterTable + " (name varchar(255) PRIMARY KEY, n bigint NOT NULL)"
 	if _, err := db.ExecContext(ctx, ddl); err != nil {
 		// Concurrent test binaries may race on the DDL; the table exists if the
 		// INSERT below works.
 		t.Logf("locktest: %s: %v", ddl, err)
 	}
-	if _, err := db.ExecContext(ctx, rebind(d, "INSERT INTO "+counterTable+" (name, n) VALUES (?, 0)"), name); err != nil {
+	if _, err := db.ExecContext(ctx, testdb.Rebind(d, "INSERT INTO "+counterTable+" (name, n) VALUES (?, 0)"), name); err != nil {
 		t.Fatalf("locktest: counter row: %v", err)
 	}
-}
-
-// rebind turns ? placeholders into $n for PostgreSQL.
-func rebind(d sqllock.Dialect, q string) string {
-	if d != sqllock.Postgres {
-		return q
-	}
-	var b strings.Builder
-	n := 0
-	for _, r := range q {
-		if r == '?' {
-			n++
-			fmt.Fprintf(&b, "$%d", n)
-			continue
-		}
-		b.WriteRune(r)
-	}
-	return b.String()
 }
 
 // testExclusion: many goroutines over several pools take one lock many times; each
@@ -218,8 +187,8 @@ func testExclusion(t *testing.T, cfg *Config) {
 	counterDB := cfg.Open(t, cfg.Dialect)
 	counterDB.SetMaxOpenConns(cfg.Goroutines + 1)
 	ensureCounter(t, counterDB, cfg.Dialect, name)
-	sel := rebind(cfg.Dialect, "SELECT n FROM "+counterTable+" WHERE name = ?")
-	upd := rebind(cfg.Dialect, "UPDATE "+counterTable+" SET n = ? WHERE name = ?")
+	sel := testdb.Rebind(cfg.Dialect, "SELECT n FROM "+counterTable+" WHERE name = ?")
+	upd := testdb.Rebind(cfg.Dialect, "UPDATE "+counterTable+" SET n = ? WHERE name = ?")
 
 	var (
 		remaining  atomic.Int64
@@ -240,7 +209,7 @@ func testExclusion(t *testing.T, cfg *Config) {
 		}
 		errMu.Unlock()
 	}
-	ctx := ctxFor(t, 10*time.Minute)
+	ctx := testdb.Context(t, 10*time.Minute)
 	var wg sync.WaitGroup
 	for g := 0; g < cfg.Goroutines; g++ {
 		l := ls[g%len(ls)]
@@ -285,7 +254,7 @@ func testExclusion(t *testing.T, cfg *Config) {
 		t.Error(err)
 	}
 	var n int64
-	if err := counterDB.QueryRowContext(ctxFor(t, 30*time.Second), sel, name).Scan(&n); err != nil {
+	if err := counterDB.QueryRowContext(testdb.Context(t, 30*time.Second), sel, name).Scan(&n); err != nil {
 		t.Fatal(err)
 	}
 	if o := overlaps.Load(); o != 0 {
@@ -313,7 +282,7 @@ func testTryAcquire(t *testing.T, cfg *Config) {
 	wantNotAcquired(t, ls[1], name, "from another pool while the lock is held")
 	wantNotAcquired(t, ls[0], name, "from the holder's Locker while the lock is held (not reentrant by default)")
 	release(t, lease)
-	again, err := ls[1].TryAcquire(ctxFor(t, 30*time.Second), name)
+	again, err := ls[1].TryAcquire(testdb.Context(t, 30*time.Second), name)
 	if err != nil {
 		t.Fatalf("TryAcquire after Release: %v", err)
 	}
@@ -324,7 +293,7 @@ func testReleaseTwice(t *testing.T, cfg *Config) {
 	ls := lockers(t, cfg, 1)
 	lease := mustAcquire(t, ls[0], uniqueName(t))
 	release(t, lease)
-	if err := lease.Release(ctxFor(t, 30*time.Second)); err != nil {
+	if err := lease.Release(testdb.Context(t, 30*time.Second)); err != nil {
 		t.Errorf("second Release: %v, want nil", err)
 	}
 	select {
@@ -351,10 +320,10 @@ func testLoss(t *testing.T, cfg *Config) {
 	if err := lease.Err(); !errors.Is(err, sqllock.ErrLost) {
 		t.Errorf("Err() after loss = %v, want ErrLost", err)
 	}
-	if err := lease.Release(ctxFor(t, 30*time.Second)); !errors.Is(err, sqllock.ErrLost) {
+	if err := lease.Release(testdb.Context(t, 30*time.Second)); !errors.Is(err, sqllock.ErrLost) {
 		t.Errorf("Release after loss = %v, want ErrLost", err)
 	}
-	next, err := ls[1].Acquire(ctxFor(t, cfg.LossTimeout), name)
+	next, err := ls[1].Acquire(testdb.Context(t, cfg.LossTimeout), name)
 	if err != nil {
 		t.Fatalf("Acquire after loss: %v", err)
 	}
@@ -375,7 +344,7 @@ func testDeadline(t *testing.T, cfg *Config) {
 	lease, err := ls[1].Acquire(ctx, name)
 	took := time.Since(start)
 	if err == nil {
-		lease.Release(ctxFor(t, 30*time.Second))
+		lease.Release(testdb.Context(t, 30*time.Second))
 		t.Fatal("Acquire of a held lock succeeded")
 	}
 	if lease != nil {
@@ -389,7 +358,7 @@ func testDeadline(t *testing.T, cfg *Config) {
 	}
 	release(t, holder)
 	// Nothing of the timed-out attempt may remain: a third client gets the lock at once.
-	after, err := ls[2].TryAcquire(ctxFor(t, 30*time.Second), name)
+	after, err := ls[2].TryAcquire(testdb.Context(t, 30*time.Second), name)
 	if err != nil {
 		t.Fatalf("TryAcquire after the timed-out Acquire and Release: %v (a lock was left behind)", err)
 	}
@@ -403,7 +372,7 @@ func testCancel(t *testing.T, cfg *Config) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	if lease, err := ls[0].Acquire(ctx, name); err == nil {
-		lease.Release(ctxFor(t, 30*time.Second))
+		lease.Release(testdb.Context(t, 30*time.Second))
 		t.Error("Acquire with a cancelled context succeeded")
 	} else if !errors.Is(err, sqllock.ErrNotAcquired) || !errors.Is(err, context.Canceled) {
 		t.Errorf("Acquire with a cancelled context: %v, want ErrNotAcquired and context.Canceled", err)
@@ -429,14 +398,14 @@ func testCancel(t *testing.T, cfg *Config) {
 		t.Fatal("Acquire did not return 30s after its context was cancelled")
 	}
 	if r.err == nil {
-		r.lease.Release(ctxFor(t, 30*time.Second))
+		r.lease.Release(testdb.Context(t, 30*time.Second))
 		t.Fatal("Acquire of a held lock succeeded")
 	}
 	if !errors.Is(r.err, sqllock.ErrNotAcquired) || !errors.Is(r.err, context.Canceled) {
 		t.Errorf("cancelled Acquire: %v, want ErrNotAcquired and context.Canceled", r.err)
 	}
 	release(t, holder)
-	after, err := ls[2].TryAcquire(ctxFor(t, 30*time.Second), name)
+	after, err := ls[2].TryAcquire(testdb.Context(t, 30*time.Second), name)
 	if err != nil {
 		t.Fatalf("TryAcquire after the cancelled Acquire and Release: %v (a lock was left behind)", err)
 	}
@@ -460,7 +429,7 @@ func testTokens(t *testing.T, cfg *Config) {
 
 func testNames(t *testing.T, cfg *Config) {
 	ls := lockers(t, cfg, 2)
-	ctx := ctxFor(t, time.Minute)
+	ctx := testdb.Context(t, time.Minute)
 	for _, bad := range []string{"", strings.Repeat("x", sqllock.MaxNameLen+1)} {
 		lease, err := ls[0].TryAcquire(ctx, bad)
 		if !errors.Is(err, sqllock.ErrInvalidName) || lease != nil {
@@ -515,7 +484,7 @@ func testDo(t *testing.T, cfg *Config) {
 	ls := lockers(t, cfg, 2)
 	name := uniqueName(t)
 	ran := false
-	err := sqllock.Do(ctxFor(t, 30*time.Second), ls[0], name, func(ctx context.Context) error {
+	err := sqllock.Do(testdb.Context(t, 30*time.Second), ls[0], name, func(ctx context.Context) error {
 		ran = true
 		wantNotAcquired(t, ls[1], name, "while Do runs")
 		return nil
@@ -524,11 +493,11 @@ func testDo(t *testing.T, cfg *Config) {
 		t.Fatalf("Do = %v, ran %v", err, ran)
 	}
 	sentinel := errors.New("fn failed")
-	err = sqllock.Do(ctxFor(t, 30*time.Second), ls[1], name, func(ctx context.Context) error { return sentinel })
+	err = sqllock.Do(testdb.Context(t, 30*time.Second), ls[1], name, func(ctx context.Context) error { return sentinel })
 	if !errors.Is(err, sentinel) {
 		t.Errorf("Do returned %v, want fn's error", err)
 	}
-	after, err := ls[0].TryAcquire(ctxFor(t, 30*time.Second), name)
+	after, err := ls[0].TryAcquire(testdb.Context(t, 30*time.Second), name)
 	if err != nil {
 		t.Fatalf("TryAcquire after Do: %v (Do did not release)", err)
 	}

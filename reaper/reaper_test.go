@@ -32,21 +32,6 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-func ctxFor(t testing.TB, d time.Duration) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	t.Cleanup(cancel)
-	return ctx
-}
-
-func leak(t *testing.T) {
-	ignore := goleak.IgnoreCurrent()
-	t.Cleanup(func() {
-		if err := goleak.Find(ignore); err != nil {
-			t.Error(err)
-		}
-	})
-}
-
 func newLocker(t testing.TB, d sqllock.Dialect, opts ...uniqueindex.Option) *uniqueindex.Locker {
 	l, err := uniqueindex.New(testdb.Open(t, d), d, opts...)
 	if err != nil {
@@ -82,13 +67,13 @@ func TestNewValidates(t *testing.T) {
 // still greater than every earlier one.
 func TestTokensAcrossSweep(t *testing.T) {
 	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
-		leak(t)
+		testdb.CheckLeaks(t)
 		admin := testdb.Open(t, d)
 		l := newLocker(t, d)
 		name := testdb.Name(t)
 		var last int64
 		for i := 0; i < 3; i++ {
-			lease, err := l.Acquire(ctxFor(t, 30*time.Second), name)
+			lease, err := l.Acquire(testdb.Context(t, 30*time.Second), name)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -101,14 +86,14 @@ func TestTokensAcrossSweep(t *testing.T) {
 			if d == sqllock.Postgres {
 				q = "UPDATE sqllock_lease SET expires_at = acquired_at - interval '1 hour' WHERE lock_key = $1"
 			}
-			if _, err := admin.ExecContext(ctxFor(t, 30*time.Second), q, namekey.Key(name)); err != nil {
+			if _, err := admin.ExecContext(testdb.Context(t, 30*time.Second), q, namekey.Key(name)); err != nil {
 				t.Fatal(err)
 			}
 			r, err := New(admin, d, WithGrace(30*time.Minute))
 			if err != nil {
 				t.Fatal(err)
 			}
-			rep, err := r.RunOnce(ctxFor(t, time.Minute))
+			rep, err := r.RunOnce(testdb.Context(t, time.Minute))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -116,7 +101,7 @@ func TestTokensAcrossSweep(t *testing.T) {
 				t.Fatalf("sweep deleted nothing: %+v", rep)
 			}
 			// The swept lease finds out at its next renewal.
-			lease.Release(ctxFor(t, 30*time.Second))
+			lease.Release(testdb.Context(t, 30*time.Second))
 		}
 		t.Logf("tokens kept increasing across 3 sweeps (last %d)", last)
 	})
@@ -127,7 +112,7 @@ func TestTokensAcrossSweep(t *testing.T) {
 // Acquire+Release during the sweep is reported.
 func TestSweep100k(t *testing.T) {
 	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
-		leak(t)
+		testdb.CheckLeaks(t)
 		const rows, batch = 100000, 1000
 		admin := testdb.Open(t, d)
 		prefix := testdb.Name(t, "dead") + "/"
@@ -144,7 +129,7 @@ FROM generate_series(0, 99999) g`
 			args = []any{prefix}
 		}
 		start := time.Now()
-		res, err := admin.ExecContext(ctxFor(t, 2*time.Minute), q, args...)
+		res, err := admin.ExecContext(testdb.Context(t, 2*time.Minute), q, args...)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -171,12 +156,12 @@ FROM generate_series(0, 99999) g`
 					default:
 					}
 					t0 := time.Now()
-					lease, err := l.Acquire(ctxFor(t, time.Minute), name)
+					lease, err := l.Acquire(testdb.Context(t, time.Minute), name)
 					if err != nil {
 						t.Error(err)
 						return
 					}
-					if err := lease.Release(ctxFor(t, time.Minute)); err != nil {
+					if err := lease.Release(testdb.Context(t, time.Minute)); err != nil {
 						t.Error(err)
 						return
 					}
@@ -217,7 +202,7 @@ FROM generate_series(0, 99999) g`
 			rw.Add(1)
 			go func() {
 				defer rw.Done()
-				reps[i], errs[i] = r.RunOnce(ctxFor(t, 5*time.Minute))
+				reps[i], errs[i] = r.RunOnce(testdb.Context(t, 5*time.Minute))
 			}()
 		}
 		rw.Wait()
@@ -240,7 +225,7 @@ FROM generate_series(0, 99999) g`
 		if d == sqllock.Postgres {
 			cq = "SELECT count(*) FROM sqllock_lease WHERE expires_at < clock_timestamp() - interval '30 minutes'"
 		}
-		if err := admin.QueryRowContext(ctxFor(t, time.Minute), cq).Scan(&left); err != nil || left != 0 {
+		if err := admin.QueryRowContext(testdb.Context(t, time.Minute), cq).Scan(&left); err != nil || left != 0 {
 			t.Errorf("%d expired rows left (%v)", left, err)
 		}
 		n := count.Load()
@@ -259,7 +244,7 @@ FROM generate_series(0, 99999) g`
 // TestStartStop: the cron schedule runs the sweep, and Stop ends it without leaks.
 func TestStartStop(t *testing.T) {
 	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
-		leak(t)
+		testdb.CheckLeaks(t)
 		ran := make(chan struct{}, 1)
 		logger := slog.New(slog.NewTextHandler(signalWriter(ran), nil))
 		r, err := New(testdb.Open(t, d), d, WithSchedule("@every 1s"), WithGrace(30*time.Minute), WithLogger(logger))
@@ -273,10 +258,10 @@ func TestStartStop(t *testing.T) {
 		case <-time.After(10 * time.Second):
 			t.Fatal("no scheduled run within 10s")
 		}
-		if err := r.Stop(ctxFor(t, 30*time.Second)); err != nil {
+		if err := r.Stop(testdb.Context(t, 30*time.Second)); err != nil {
 			t.Fatal(err)
 		}
-		if err := r.Stop(ctxFor(t, 30*time.Second)); err != nil {
+		if err := r.Stop(testdb.Context(t, 30*time.Second)); err != nil {
 			t.Fatal(err)
 		}
 	})
@@ -319,7 +304,7 @@ func TestConflictsRetried(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		return r.RunOnce(ctxFor(t, time.Minute))
+		return r.RunOnce(testdb.Context(t, time.Minute))
 	}
 
 	f := &fakeSweeper{script: []fakeBatch{{10, true, nil}, {0, false, deadlock}, {10, true, nil}, {0, false, timeout}, {3, false, nil}}}

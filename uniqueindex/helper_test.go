@@ -60,7 +60,7 @@ func TestHelperHolder(t *testing.T) {
 // the dead holder's expires_at (both are database times).
 func TestSIGKILLedHolder(t *testing.T) {
 	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
-		leak(t)
+		testdb.CheckLeaks(t)
 		admin := testdb.Open(t, d)
 		name := testdb.Name(t, "killed")
 		cmd := exec.Command(os.Args[0], "-test.run=^TestHelperHolder$", "-test.count=1")
@@ -89,24 +89,24 @@ func TestSIGKILLedHolder(t *testing.T) {
 
 		// The dead holder's last expiry, on the database clock.
 		var oldExp string
-		q := rebind(d, "SELECT CAST(expires_at AS CHAR(40)) FROM sqllock_lease WHERE lock_key = ? AND token = ?")
+		q := testdb.Rebind(d, "SELECT CAST(expires_at AS CHAR(40)) FROM sqllock_lease WHERE lock_key = ? AND token = ?")
 		if d == sqllock.Postgres {
 			q = "SELECT expires_at::text FROM sqllock_lease WHERE lock_key = $1 AND token = $2"
 		}
-		if err := admin.QueryRowContext(ctxFor(t, 30*time.Second), q, namekey.Key(name), oldTok).Scan(&oldExp); err != nil {
+		if err := admin.QueryRowContext(testdb.Context(t, 30*time.Second), q, namekey.Key(name), oldTok).Scan(&oldExp); err != nil {
 			t.Fatalf("dead holder's row: %v", err)
 		}
 
 		l := newLocker(t, testdb.Open(t, d), d, WithPollInterval(200*time.Millisecond))
-		if _, err := l.TryAcquire(ctxFor(t, 30*time.Second), name); err == nil {
+		if _, err := l.TryAcquire(testdb.Context(t, 30*time.Second), name); err == nil {
 			t.Fatal("acquired at once after the holder was killed, before its TTL")
 		}
-		lease, err := l.Acquire(ctxFor(t, 30*time.Second), name)
+		lease, err := l.Acquire(testdb.Context(t, 30*time.Second), name)
 		if err != nil {
 			t.Fatal(err)
 		}
 		waited := time.Since(killedAt)
-		defer lease.Release(ctxFor(t, 30*time.Second))
+		defer lease.Release(testdb.Context(t, 30*time.Second))
 		// Microseconds from the dead holder's expiry to the new acquisition, computed
 		// by the database.
 		var gap int64
@@ -114,7 +114,7 @@ func TestSIGKILLedHolder(t *testing.T) {
 		if d == sqllock.Postgres {
 			q = "SELECT floor(extract(epoch FROM acquired_at - $1::timestamptz) * 1000000)::bigint FROM sqllock_lease WHERE lock_key = $2 AND token = $3"
 		}
-		if err := admin.QueryRowContext(ctxFor(t, 30*time.Second), q, oldExp, namekey.Key(name), lease.Token()).Scan(&gap); err != nil {
+		if err := admin.QueryRowContext(testdb.Context(t, 30*time.Second), q, oldExp, namekey.Key(name), lease.Token()).Scan(&gap); err != nil {
 			t.Fatal(err)
 		}
 		if gap < 0 {

@@ -1,49 +1,14 @@
 package uniqueindex
 
 import (
-	"context"
 	"errors"
 	"testing"
 	"time"
-
-	"go.uber.org/goleak"
 
 	"github.com/sqllock/sqllock"
 	"github.com/sqllock/sqllock/internal/namekey"
 	"github.com/sqllock/sqllock/testdb"
 )
-
-func ctxFor(t testing.TB, d time.Duration) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	t.Cleanup(cancel)
-	return ctx
-}
-
-func leak(t *testing.T) {
-	ignore := goleak.IgnoreCurrent()
-	t.Cleanup(func() {
-		if err := goleak.Find(ignore); err != nil {
-			t.Error(err)
-		}
-	})
-}
-
-// rebind turns ? into $n for PostgreSQL.
-func rebind(d sqllock.Dialect, q string) string {
-	if d != sqllock.Postgres {
-		return q
-	}
-	out, n := []byte{}, 0
-	for i := 0; i < len(q); i++ {
-		if q[i] == '?' {
-			n++
-			out = append(out, '$', byte('0'+n))
-			continue
-		}
-		out = append(out, q[i])
-	}
-	return string(out)
-}
 
 func TestNewValidates(t *testing.T) {
 	db := testdb.Open(t, sqllock.Postgres)
@@ -68,7 +33,7 @@ func TestNewValidates(t *testing.T) {
 // Release returns ErrLost.
 func TestLossWithinRenewInterval(t *testing.T) {
 	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
-		leak(t)
+		testdb.CheckLeaks(t)
 		admin := testdb.Open(t, d)
 		const ttl, renew = 3 * time.Second, time.Second
 		a := newLocker(t, testdb.Open(t, d), d, WithTTL(ttl), WithRenewInterval(renew))
@@ -77,7 +42,7 @@ func TestLossWithinRenewInterval(t *testing.T) {
 		for _, how := range []string{"deleted", "taken over"} {
 			t.Run(how, func(t *testing.T) {
 				name := testdb.Name(t)
-				lease, err := a.Acquire(ctxFor(t, 30*time.Second), name)
+				lease, err := a.Acquire(testdb.Context(t, 30*time.Second), name)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -87,11 +52,11 @@ func TestLossWithinRenewInterval(t *testing.T) {
 					deleteRow(t, admin, d, name)
 				} else {
 					// Expire it on the database clock, then another owner takes it over.
-					q := rebind(d, "UPDATE sqllock_lease SET expires_at = acquired_at WHERE lock_key = ?")
-					if _, err := admin.ExecContext(ctxFor(t, 30*time.Second), q, namekey.Key(name)); err != nil {
+					q := testdb.Rebind(d, "UPDATE sqllock_lease SET expires_at = acquired_at WHERE lock_key = ?")
+					if _, err := admin.ExecContext(testdb.Context(t, 30*time.Second), q, namekey.Key(name)); err != nil {
 						t.Fatal(err)
 					}
-					next, err = b.TryAcquire(ctxFor(t, 30*time.Second), name)
+					next, err = b.TryAcquire(testdb.Context(t, 30*time.Second), name)
 					if err != nil {
 						t.Fatalf("takeover of an expired row: %v", err)
 					}
@@ -108,15 +73,15 @@ func TestLossWithinRenewInterval(t *testing.T) {
 				if !errors.Is(lease.Err(), sqllock.ErrLost) {
 					t.Errorf("Err = %v, want ErrLost", lease.Err())
 				}
-				if err := lease.Release(ctxFor(t, 30*time.Second)); !errors.Is(err, sqllock.ErrLost) {
+				if err := lease.Release(testdb.Context(t, 30*time.Second)); !errors.Is(err, sqllock.ErrLost) {
 					t.Errorf("Release = %v, want ErrLost", err)
 				}
 				if next != nil {
 					// The lost lease's Release did not delete the new holder's row.
-					if err := next.(*Lease).Refresh(ctxFor(t, 30*time.Second)); err != nil {
+					if err := next.(*Lease).Refresh(testdb.Context(t, 30*time.Second)); err != nil {
 						t.Errorf("new holder after the loser's Release: %v", err)
 					}
-					if err := next.Release(ctxFor(t, 30*time.Second)); err != nil {
+					if err := next.Release(testdb.Context(t, 30*time.Second)); err != nil {
 						t.Error(err)
 					}
 				}
@@ -129,32 +94,32 @@ func TestLossWithinRenewInterval(t *testing.T) {
 // on the client before the database lets another client take it over.
 func TestLocalDeadline(t *testing.T) {
 	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
-		leak(t)
+		testdb.CheckLeaks(t)
 		db := testdb.Open(t, d)
 		const ttl = 2 * time.Second
 		a := newLocker(t, db, d, WithTTL(ttl), WithAttemptTimeout(200*time.Millisecond))
 		b := newLocker(t, testdb.Open(t, d), d, WithTTL(ttl), WithPollInterval(50*time.Millisecond))
 		name := testdb.Name(t)
-		lease, err := a.Acquire(ctxFor(t, 30*time.Second), name)
+		lease, err := a.Acquire(testdb.Context(t, 30*time.Second), name)
 		if err != nil {
 			t.Fatal(err)
 		}
 		// Cut the holder off the database: its pool can no longer connect.
 		db.SetMaxOpenConns(1)
-		conn, err := db.Conn(ctxFor(t, 30*time.Second)) // the only connection, pinned
+		conn, err := db.Conn(testdb.Context(t, 30*time.Second)) // the only connection, pinned
 		if err != nil {
 			t.Fatal(err)
 		}
 		got := make(chan time.Time, 1)
 		go func() {
-			l, err := b.Acquire(ctxFor(t, 30*time.Second), name)
+			l, err := b.Acquire(testdb.Context(t, 30*time.Second), name)
 			if err != nil {
 				t.Error(err)
 				close(got)
 				return
 			}
 			got <- time.Now()
-			l.Release(ctxFor(t, 30*time.Second))
+			l.Release(testdb.Context(t, 30*time.Second))
 		}()
 		select {
 		case <-lease.Done():
@@ -171,7 +136,7 @@ func TestLocalDeadline(t *testing.T) {
 		}
 		t.Logf("holder gave up %v before the other client acquired", at.Sub(lostAt).Round(time.Millisecond))
 		conn.Close()
-		if err := lease.Release(ctxFor(t, 30*time.Second)); !errors.Is(err, sqllock.ErrLost) {
+		if err := lease.Release(testdb.Context(t, 30*time.Second)); !errors.Is(err, sqllock.ErrLost) {
 			t.Errorf("Release = %v, want ErrLost", err)
 		}
 	})
@@ -181,11 +146,11 @@ func TestLocalDeadline(t *testing.T) {
 // the last release.
 func TestReentrant(t *testing.T) {
 	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
-		leak(t)
+		testdb.CheckLeaks(t)
 		a := newLocker(t, testdb.Open(t, d), d)
 		b := newLocker(t, testdb.Open(t, d), d)
 		name := testdb.Name(t)
-		ctx := ctxFor(t, 30*time.Second)
+		ctx := testdb.Context(t, 30*time.Second)
 		l1, err := a.Acquire(ctx, name, sqllock.WithOwner("job-1"))
 		if err != nil {
 			t.Fatal(err)
@@ -227,21 +192,21 @@ func TestReentrant(t *testing.T) {
 // by an hour either way, exclusion and renewal are unchanged.
 func TestClientClockShift(t *testing.T) {
 	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
-		leak(t)
+		testdb.CheckLeaks(t)
 		const ttl = 1500 * time.Millisecond
 		a := newLocker(t, testdb.Open(t, d), d, WithTTL(ttl))
 		a.now = func() time.Time { return time.Now().Add(time.Hour) }
 		b := newLocker(t, testdb.Open(t, d), d, WithTTL(ttl))
 		b.now = func() time.Time { return time.Now().Add(-time.Hour).Round(0) } // wall clock only
 		name := testdb.Name(t)
-		lease, err := a.Acquire(ctxFor(t, 30*time.Second), name)
+		lease, err := a.Acquire(testdb.Context(t, 30*time.Second), name)
 		if err != nil {
 			t.Fatal(err)
 		}
 		deadline := time.Now().Add(3 * ttl)
 		for time.Now().Before(deadline) {
-			if l, err := b.TryAcquire(ctxFor(t, 30*time.Second), name); err == nil {
-				l.Release(ctxFor(t, 30*time.Second))
+			if l, err := b.TryAcquire(testdb.Context(t, 30*time.Second), name); err == nil {
+				l.Release(testdb.Context(t, 30*time.Second))
 				t.Fatal("a client with a clock one hour behind acquired a held lock")
 			} else if !errors.Is(err, sqllock.ErrNotAcquired) {
 				t.Fatal(err)
@@ -252,14 +217,14 @@ func TestClientClockShift(t *testing.T) {
 			case <-time.After(100 * time.Millisecond):
 			}
 		}
-		if err := lease.Release(ctxFor(t, 30*time.Second)); err != nil {
+		if err := lease.Release(testdb.Context(t, 30*time.Second)); err != nil {
 			t.Fatal(err)
 		}
-		l, err := b.Acquire(ctxFor(t, 30*time.Second), name)
+		l, err := b.Acquire(testdb.Context(t, 30*time.Second), name)
 		if err != nil {
 			t.Fatal(err)
 		}
-		l.Release(ctxFor(t, 30*time.Second))
+		l.Release(testdb.Context(t, 30*time.Second))
 	})
 }
 
@@ -279,7 +244,7 @@ func TestTokensAcrossRestart(t *testing.T) {
 		var last int64
 		for i := 0; i < 3; i++ {
 			l := newLocker(t, testdb.Open(t, d), d)
-			lease, err := l.Acquire(ctxFor(t, 2*time.Minute), name)
+			lease, err := l.Acquire(testdb.Context(t, 2*time.Minute), name)
 			if err != nil {
 				t.Fatalf("round %d: %v", i, err)
 			}
@@ -287,7 +252,7 @@ func TestTokensAcrossRestart(t *testing.T) {
 				t.Errorf("round %d: token %d after %d", i, lease.Token(), last)
 			}
 			last = lease.Token()
-			if err := lease.Release(ctxFor(t, time.Minute)); err != nil {
+			if err := lease.Release(testdb.Context(t, time.Minute)); err != nil {
 				t.Fatal(err)
 			}
 			if i < 2 {
@@ -302,12 +267,12 @@ func TestTokensAcrossRestart(t *testing.T) {
 // holds off a takeover until that transaction ends, and fails once the lease is lost.
 func TestCheck(t *testing.T) {
 	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
-		leak(t)
+		testdb.CheckLeaks(t)
 		db := testdb.Open(t, d)
 		admin := testdb.Open(t, d)
 		l := newLocker(t, db, d)
 		name := testdb.Name(t)
-		ctx := ctxFor(t, 30*time.Second)
+		ctx := testdb.Context(t, 30*time.Second)
 		sl, err := l.Acquire(ctx, name)
 		if err != nil {
 			t.Fatal(err)
@@ -323,7 +288,7 @@ func TestCheck(t *testing.T) {
 		// While tx holds the share lock, deleting the row from outside waits.
 		deleted := make(chan error, 1)
 		go func() {
-			_, err := admin.ExecContext(ctx, rebind(d, "DELETE FROM sqllock_lease WHERE lock_key = ?"), namekey.Key(name))
+			_, err := admin.ExecContext(ctx, testdb.Rebind(d, "DELETE FROM sqllock_lease WHERE lock_key = ?"), namekey.Key(name))
 			deleted <- err
 		}()
 		select {
@@ -356,9 +321,9 @@ func TestCheck(t *testing.T) {
 // leases acquired before keep working until released.
 func TestCloseKeepsLeases(t *testing.T) {
 	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
-		leak(t)
+		testdb.CheckLeaks(t)
 		l := newLocker(t, testdb.Open(t, d), d)
-		ctx := ctxFor(t, 30*time.Second)
+		ctx := testdb.Context(t, 30*time.Second)
 		lease, err := l.Acquire(ctx, testdb.Name(t), sqllock.WithTTL(time.Second))
 		if err != nil {
 			t.Fatal(err)

@@ -25,9 +25,9 @@ func TestStuckRenewalLosesAtDeadline(t *testing.T) {
 	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
 		for _, how := range []string{"behind another acquisition", "row locked"} {
 			t.Run(how, func(t *testing.T) {
-				leak(t)
+				testdb.CheckLeaks(t)
 				const ttl = 3 * time.Second
-				ctx := ctxFor(t, 60*time.Second)
+				ctx := testdb.Context(t, 60*time.Second)
 				la := newLocker(t, testdb.Open(t, d), d, WithTTL(ttl))
 				lb := newLocker(t, testdb.Open(t, d), d, WithTTL(ttl), WithPollInterval(50*time.Millisecond))
 				admin := testdb.Open(t, d)
@@ -51,7 +51,7 @@ func TestStuckRenewalLosesAtDeadline(t *testing.T) {
 				if how == "row locked" {
 					// The renewal UPDATE of x waits for this row lock.
 					var one int
-					q := rebind(d, "SELECT 1 FROM sqllock_lease WHERE lock_key = ? FOR UPDATE")
+					q := testdb.Rebind(d, "SELECT 1 FROM sqllock_lease WHERE lock_key = ? FOR UPDATE")
 					if err := tx.QueryRowContext(ctx, q, namekey.Key(x)).Scan(&one); err != nil {
 						t.Fatal(err)
 					}
@@ -149,7 +149,7 @@ func TestStuckRenewalLosesAtDeadline(t *testing.T) {
 // granted to another owner, and takeover, re-entry and release still work.
 func TestClientFoundRows(t *testing.T) {
 	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
-		leak(t)
+		testdb.CheckLeaks(t)
 		db := testdb.Open(t, d)
 		if d == sqllock.MySQL {
 			cfg, err := mysql.ParseDSN(testdb.DSN(t, d))
@@ -162,7 +162,7 @@ func TestClientFoundRows(t *testing.T) {
 			}
 			t.Cleanup(func() { db.Close() })
 		}
-		ctx := ctxFor(t, 30*time.Second)
+		ctx := testdb.Context(t, 30*time.Second)
 		a := newLocker(t, db, d)
 		b := newLocker(t, db, d)
 		name := testdb.Name(t)
@@ -214,7 +214,7 @@ func TestClientFoundRows(t *testing.T) {
 			t.Errorf("token %d after %d", lb.Token(), r1.Token())
 		}
 		// Takeover of an expired row.
-		q := rebind(d, "UPDATE sqllock_lease SET expires_at = acquired_at WHERE lock_key = ?")
+		q := testdb.Rebind(d, "UPDATE sqllock_lease SET expires_at = acquired_at WHERE lock_key = ?")
 		if _, err := db.ExecContext(ctx, q, namekey.Key(name)); err != nil {
 			t.Fatal(err)
 		}
@@ -257,8 +257,8 @@ func (h signalHandler) WithGroup(string) slog.Handler      { return h }
 // acquired yet": TryAcquire returns ErrNotAcquired, Acquire goes on waiting.
 func TestAttemptTimeoutIsNotYet(t *testing.T) {
 	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
-		leak(t)
-		ctx := ctxFor(t, 60*time.Second)
+		testdb.CheckLeaks(t)
+		ctx := testdb.Context(t, 60*time.Second)
 		h := newLocker(t, testdb.Open(t, d), d)
 		timedOut := make(chan struct{})
 		logger := slog.New(signalHandler{msg: "attempt timed out", once: new(sync.Once), ch: timedOut})
@@ -314,9 +314,9 @@ func TestAttemptTimeoutIsNotYet(t *testing.T) {
 // ErrLost, not success, even though the row is still the lease's afterwards.
 func TestRefreshBlockedPastDeadline(t *testing.T) {
 	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
-		leak(t)
+		testdb.CheckLeaks(t)
 		const ttl = 2 * time.Second
-		ctx := ctxFor(t, 60*time.Second)
+		ctx := testdb.Context(t, 60*time.Second)
 		l := newLocker(t, testdb.Open(t, d), d, WithTTL(ttl))
 		name := testdb.Name(t)
 		sl, err := l.Acquire(ctx, name)
@@ -359,8 +359,8 @@ func TestRefreshBlockedPastDeadline(t *testing.T) {
 // lock never make a Release report a loss, and the lock is free at the end.
 func TestReentrantReleaseRace(t *testing.T) {
 	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
-		leak(t)
-		ctx := ctxFor(t, 60*time.Second)
+		testdb.CheckLeaks(t)
+		ctx := testdb.Context(t, 60*time.Second)
 		db := testdb.Open(t, d)
 		name := testdb.Name(t)
 		const workers, rounds = 3, 60
@@ -398,8 +398,8 @@ func TestReentrantReleaseRace(t *testing.T) {
 // attempt's Acquire still ends normally.
 func TestCloseDoesNotWaitForStatements(t *testing.T) {
 	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
-		leak(t)
-		ctx := ctxFor(t, 60*time.Second)
+		testdb.CheckLeaks(t)
+		ctx := testdb.Context(t, 60*time.Second)
 		admin := testdb.Open(t, d)
 		h := newLocker(t, testdb.Open(t, d), d)
 		w, err := New(testdb.Open(t, d), d, WithPollInterval(50*time.Millisecond), WithAttemptTimeout(3*time.Second))

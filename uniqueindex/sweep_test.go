@@ -21,9 +21,9 @@ import (
 // locked by someone else (a takeover in flight) is skipped, not waited for.
 func TestSweepLocksOnlyItsRows(t *testing.T) {
 	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
-		leak(t)
+		testdb.CheckLeaks(t)
 		admin := testdb.Open(t, d)
-		ctx := ctxFor(t, time.Minute)
+		ctx := testdb.Context(t, time.Minute)
 		// Rows expired 50 years ago, swept with a grace of 40: no other test's rows
 		// qualify, whatever runs at the same time on the shared database.
 		const grace = 40 * 365 * 24 * time.Hour
@@ -54,7 +54,7 @@ func TestSweepLocksOnlyItsRows(t *testing.T) {
 		}
 		defer tx.Rollback()
 		var one int
-		if err := tx.QueryRowContext(ctx, rebind(d, "SELECT 1 FROM sqllock_lease WHERE lock_key = ? FOR UPDATE"), namekey.Key(live.Name())).Scan(&one); err != nil {
+		if err := tx.QueryRowContext(ctx, testdb.Rebind(d, "SELECT 1 FROM sqllock_lease WHERE lock_key = ? FOR UPDATE"), namekey.Key(live.Name())).Scan(&one); err != nil {
 			t.Fatal(err)
 		}
 		fresh := testdb.Name(t, "inflight")
@@ -84,7 +84,7 @@ func TestSweepLocksOnlyItsRows(t *testing.T) {
 			t.Fatal(err)
 		}
 		// Bounded: a batch that waited for the open transaction would time out.
-		n, more, err := s.SweepBatch(ctxFor(t, 20*time.Second), 1000)
+		n, more, err := s.SweepBatch(testdb.Context(t, 20*time.Second), 1000)
 		if err != nil {
 			t.Fatalf("sweep while live rows are locked: %v", err)
 		}
@@ -97,7 +97,7 @@ func TestSweepLocksOnlyItsRows(t *testing.T) {
 		left := 0
 		for _, name := range dead {
 			var c int
-			if err := admin.QueryRowContext(ctx, rebind(d, "SELECT count(*) FROM sqllock_lease WHERE lock_key = ?"), namekey.Key(name)).Scan(&c); err != nil {
+			if err := admin.QueryRowContext(ctx, testdb.Rebind(d, "SELECT count(*) FROM sqllock_lease WHERE lock_key = ?"), namekey.Key(name)).Scan(&c); err != nil {
 				t.Fatal(err)
 			}
 			left += c
@@ -139,7 +139,7 @@ func explainDeletePrimary(t *testing.T, db *sql.DB, names []string) {
 		for _, n := range names[:k] {
 			args = append(args, namekey.Key(n))
 		}
-		rows, err := db.QueryContext(ctxFor(t, 30*time.Second), q, args...)
+		rows, err := db.QueryContext(testdb.Context(t, 30*time.Second), q, args...)
 		if err != nil {
 			t.Fatal(err)
 		}

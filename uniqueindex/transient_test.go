@@ -24,7 +24,7 @@ func lockTimeoutSQL(t testing.TB, db *sql.DB, d sqllock.Dialect, local bool) str
 		return "SET lock_timeout = '100ms'"
 	}
 	var v string
-	if err := db.QueryRowContext(ctxFor(t, 30*time.Second), "SELECT VERSION()").Scan(&v); err != nil {
+	if err := db.QueryRowContext(testdb.Context(t, 30*time.Second), "SELECT VERSION()").Scan(&v); err != nil {
 		t.Fatal(err)
 	}
 	if strings.Contains(v, "MariaDB") {
@@ -37,12 +37,12 @@ func lockTimeoutSQL(t testing.TB, db *sql.DB, d sqllock.Dialect, local bool) str
 // statement in flight on that row would, until the returned function ends it.
 func blockRow(t *testing.T, admin *sql.DB, d sqllock.Dialect, name string) (unblock func()) {
 	t.Helper()
-	tx, err := admin.BeginTx(ctxFor(t, time.Minute), nil)
+	tx, err := admin.BeginTx(testdb.Context(t, time.Minute), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var one int
-	if err := tx.QueryRow(rebind(d, "SELECT 1 FROM sqllock_lease WHERE lock_key = ? FOR UPDATE"), namekey.Key(name)).Scan(&one); err != nil {
+	if err := tx.QueryRow(testdb.Rebind(d, "SELECT 1 FROM sqllock_lease WHERE lock_key = ? FOR UPDATE"), namekey.Key(name)).Scan(&one); err != nil {
 		tx.Rollback()
 		t.Fatal(err)
 	}
@@ -70,12 +70,12 @@ func blockRow(t *testing.T, admin *sql.DB, d sqllock.Dialect, name string) (unbl
 // whole class: the code paths are the same.
 func TestTransientErrors(t *testing.T) {
 	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
-		leak(t)
+		testdb.CheckLeaks(t)
 		admin := testdb.Open(t, d)
 		// One connection whose lock waits time out quickly: the session setting sticks.
 		db := testdb.Open(t, d)
 		db.SetMaxOpenConns(1)
-		if _, err := db.ExecContext(ctxFor(t, 30*time.Second), lockTimeoutSQL(t, db, d, false)); err != nil {
+		if _, err := db.ExecContext(testdb.Context(t, 30*time.Second), lockTimeoutSQL(t, db, d, false)); err != nil {
 			t.Fatal(err)
 		}
 		retried := map[string]chan struct{}{"refresh": make(chan struct{}, 1), "release": make(chan struct{}, 1)}
@@ -96,7 +96,7 @@ func TestTransientErrors(t *testing.T) {
 			}
 		}
 		b := newLocker(t, testdb.Open(t, d), d, WithPollInterval(100*time.Millisecond))
-		ctx := ctxFor(t, 2*time.Minute)
+		ctx := testdb.Context(t, 2*time.Minute)
 
 		waitRetry := func(op string) {
 			t.Helper()

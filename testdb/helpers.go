@@ -1,0 +1,50 @@
+package testdb
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/sqllock/sqllock"
+)
+
+// Context returns a context that ends after d or when the test ends.
+func Context(t testing.TB, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// CheckLeaks registers a cleanup that fails the test if it leaves goroutines behind.
+// Call it before the test opens pools or Lockers: cleanups run last-in first-out, so
+// the check runs after theirs.
+func CheckLeaks(t testing.TB) {
+	ignore := goleak.IgnoreCurrent()
+	t.Cleanup(func() {
+		if err := goleak.Find(ignore); err != nil {
+			t.Errorf("goroutines leaked: %v", err)
+		}
+	})
+}
+
+// Rebind turns the ? placeholders of q into $1, $2, ... for PostgreSQL.
+func Rebind(d sqllock.Dialect, q string) string {
+	if d != sqllock.Postgres {
+		return q
+	}
+	var b strings.Builder
+	n := 0
+	for _, r := range q {
+		if r == '?' {
+			n++
+			fmt.Fprintf(&b, "$%d", n)
+			continue
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
