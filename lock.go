@@ -72,20 +72,25 @@ func WithTTL(ttl time.Duration) AcquireOption {
 	return func(c *AcquireConfig) { c.TTL, c.ttlSet = ttl, true }
 }
 
-// ApplyAcquireOptions applies opts and validates the result. Strategies call it.
-func ApplyAcquireOptions(opts []AcquireOption) (AcquireConfig, error) {
+// ApplyAcquireOptions applies opts and validates the result. Strategies call it with
+// the operation, dialect and lock name, which label the error (matching
+// ErrInvalidOption) it returns for an invalid option.
+func ApplyAcquireOptions(op string, d Dialect, name string, opts []AcquireOption) (AcquireConfig, error) {
 	var c AcquireConfig
 	for _, o := range opts {
 		o(&c)
 	}
-	if c.ownerSet && c.Owner == "" {
-		return c, &Error{Op: "acquire", Kind: ErrInvalidOption, Err: fmt.Errorf("empty owner key")}
+	var cause error
+	switch {
+	case c.ownerSet && c.Owner == "":
+		cause = fmt.Errorf("empty owner key")
+	case c.ttlSet && c.TTL <= 0:
+		cause = fmt.Errorf("TTL %v is not positive", c.TTL)
+	case len(c.Owner) > MaxNameLen:
+		cause = fmt.Errorf("owner key longer than %d bytes", MaxNameLen)
 	}
-	if c.ttlSet && c.TTL <= 0 {
-		return c, &Error{Op: "acquire", Kind: ErrInvalidOption, Err: fmt.Errorf("TTL %v is not positive", c.TTL)}
-	}
-	if len(c.Owner) > MaxNameLen {
-		return c, &Error{Op: "acquire", Kind: ErrInvalidOption, Err: fmt.Errorf("owner key longer than %d bytes", MaxNameLen)}
+	if cause != nil {
+		return c, &Error{Op: op, Dialect: d, Name: name, Kind: ErrInvalidOption, Err: cause}
 	}
 	return c, nil
 }

@@ -33,7 +33,7 @@ func (m *memLocker) Acquire(ctx context.Context, name string, opts ...sqllock.Ac
 	if err := sqllock.ValidateName(name); err != nil {
 		return nil, err
 	}
-	if _, err := sqllock.ApplyAcquireOptions(opts); err != nil {
+	if _, err := sqllock.ApplyAcquireOptions("acquire", 0, name, opts); err != nil {
 		return nil, err
 	}
 	if !m.held.CompareAndSwap(false, true) {
@@ -166,13 +166,15 @@ func TestValidateName(t *testing.T) {
 }
 
 func TestApplyAcquireOptions(t *testing.T) {
-	if _, err := sqllock.ApplyAcquireOptions([]sqllock.AcquireOption{sqllock.WithOwner("")}); !errors.Is(err, sqllock.ErrInvalidOption) {
-		t.Errorf("WithOwner(\"\") = %v, want ErrInvalidOption", err)
+	_, err := sqllock.ApplyAcquireOptions("try-acquire", sqllock.MySQL, "job", []sqllock.AcquireOption{sqllock.WithOwner("")})
+	var e *sqllock.Error
+	if !errors.Is(err, sqllock.ErrInvalidOption) || !errors.As(err, &e) || e.Op != "try-acquire" || e.Dialect != sqllock.MySQL || e.Name != "job" {
+		t.Errorf("WithOwner(\"\") = %#v, want ErrInvalidOption labelled with op, dialect and name", err)
 	}
-	if _, err := sqllock.ApplyAcquireOptions([]sqllock.AcquireOption{sqllock.WithTTL(-time.Second)}); !errors.Is(err, sqllock.ErrInvalidOption) {
+	if _, err := sqllock.ApplyAcquireOptions("acquire", sqllock.Postgres, "job", []sqllock.AcquireOption{sqllock.WithTTL(-time.Second)}); !errors.Is(err, sqllock.ErrInvalidOption) {
 		t.Errorf("WithTTL(-1s) = %v, want ErrInvalidOption", err)
 	}
-	c, err := sqllock.ApplyAcquireOptions([]sqllock.AcquireOption{sqllock.WithOwner("job-7"), sqllock.WithTTL(time.Minute)})
+	c, err := sqllock.ApplyAcquireOptions("acquire", sqllock.Postgres, "job", []sqllock.AcquireOption{sqllock.WithOwner("job-7"), sqllock.WithTTL(time.Minute)})
 	if err != nil || c.Owner != "job-7" || c.TTL != time.Minute {
 		t.Errorf("ApplyAcquireOptions = %+v, %v", c, err)
 	}

@@ -267,12 +267,8 @@ func (l *Locker) errorf(op string, id lockID, kind, err error) error {
 }
 
 func (l *Locker) acquire(ctx context.Context, op string, id lockID, wait bool, opts []sqllock.AcquireOption) (sqllock.Lease, error) {
-	ac, err := sqllock.ApplyAcquireOptions(opts)
+	ac, err := sqllock.ApplyAcquireOptions(op, l.dialect, id.name, opts)
 	if err != nil {
-		var se *sqllock.Error
-		if errors.As(err, &se) {
-			se.Op, se.Dialect, se.Name = op, l.dialect, id.name
-		}
 		return nil, err
 	}
 	if ac.TTL != 0 {

@@ -328,7 +328,7 @@ func (l *Locker) check(op, name string, opts []sqllock.AcquireOption) error {
 	if err := sqllock.ValidateName(name); err != nil {
 		return err
 	}
-	cfg, err := sqllock.ApplyAcquireOptions(opts)
+	cfg, err := sqllock.ApplyAcquireOptions(op, l.dialect, name, opts)
 	if err != nil {
 		return err
 	}

@@ -348,9 +348,9 @@ func (l *Locker) acquire(ctx context.Context, op, name string, opts []sqllock.Ac
 	if err := sqllock.ValidateName(name); err != nil {
 		return nil, err
 	}
-	ac, err := sqllock.ApplyAcquireOptions(opts)
+	ac, err := sqllock.ApplyAcquireOptions(op, l.dialect, name, opts)
 	if err != nil {
-		return nil, l.errorf(op, name, sqllock.ErrInvalidOption, err)
+		return nil, err
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, l.errorf(op, name, sqllock.ErrNotAcquired, err)
