@@ -29,6 +29,10 @@ var (
 	// ErrInvalidOption reports an option value that cannot be used, for example a TTL
 	// shorter than twice the keepalive interval. Constructors return it.
 	ErrInvalidOption = errors.New("sqllock: invalid option")
+
+	// ErrNotMigrated reports that a table of the library is missing from the database:
+	// apply the migrations (migrations.Up) first.
+	ErrNotMigrated = errors.New("sqllock: the library's tables are missing: run migrations.Up")
 )
 
 // Error is the error type of this module. It records which operation failed, on which

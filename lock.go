@@ -28,9 +28,13 @@ type Lease interface {
 	// Token returns the fencing token of this acquisition: strictly greater than the
 	// token of every earlier acquisition of the same name. Pass it to the resource the
 	// lock protects, which rejects writes carrying a smaller token than it has seen.
+	// Reentrant holds (WithOwner) share the token of the hold they join. A Locker made
+	// without tokens (the WithoutToken options of advisory and forupdate) returns 0.
 	Token() int64
 
-	// Done returns a channel that is closed when the lease is lost or released.
+	// Done returns a channel that is closed when the lease is lost or released. The
+	// leases of this module close it as soon as their local deadline has passed,
+	// whoever looks first.
 	Done() <-chan struct{}
 
 	// Err returns nil while the lease is held, an error matching ErrLost once it is
@@ -51,24 +55,28 @@ type AcquireOption func(*AcquireConfig)
 type AcquireConfig struct {
 	// Owner is the reentrancy key set by WithOwner, or "".
 	Owner string
-	// TTL is the lease time set by WithTTL, or 0 for the Locker's default.
+	// TTL is the lease time set by WithLeaseTTL, or 0 for the Locker's default.
 	TTL time.Duration
 
 	ownerSet, ttlSet bool
 }
 
-// WithOwner makes the acquisition reentrant under an explicit owner key: an owner that
-// already holds the lock acquires it again at once, and the lock is released when
-// every acquisition was released. The key must be unique to one logical owner (one
-// job, one request): two goroutines sharing a key share the lock. Supported by the
-// strategies whose documentation says so.
+// WithOwner makes the acquisition reentrant under an explicit owner key, within the
+// Locker it is made through: while an acquisition with key holds the lock, another
+// acquisition with the same key through the same Locker gets it at once (sharing its
+// token), and the lock is free when every acquisition was released. The key must be
+// unique to one logical owner (one job, one request): two goroutines sharing a key
+// share the lock. Acquisitions with the key through another Locker, or in another
+// process, are other owners. Supported by uniqueindex, advisory, optimistic and
+// fairqueue; forupdate rejects it.
 func WithOwner(key string) AcquireOption {
 	return func(c *AcquireConfig) { c.Owner, c.ownerSet = key, true }
 }
 
-// WithTTL overrides the Locker's lease time for one acquisition, for strategies that
-// hold a lease.
-func WithTTL(ttl time.Duration) AcquireOption {
+// WithLeaseTTL overrides the lease time of the Locker (its WithTTL option) for one
+// acquisition, for the strategies that hold a lease row (uniqueindex, optimistic,
+// fairqueue). The keep-alive interval is then a third of it.
+func WithLeaseTTL(ttl time.Duration) AcquireOption {
 	return func(c *AcquireConfig) { c.TTL, c.ttlSet = ttl, true }
 }
 
@@ -122,23 +130,50 @@ func Do(ctx context.Context, l Locker, name string, fn func(ctx context.Context)
 
 // LeaseContext returns a copy of ctx that is cancelled when lease ends (lost or
 // released), with the lease's error as its cause (context.Cause), so that work done
-// under a lock stops when the lock is lost. Call stop when the work is done: it
-// releases the context's resources and returns once its watcher has exited.
+// under a lock stops when the lock is lost. Its Err and Done ask the lease first, so
+// a holder resumed after a pause sees the loss at its first look, not when a watcher
+// goroutine next runs. Call stop when the work is done: it releases the context's
+// resources and returns once its watcher has exited.
 func LeaseContext(ctx context.Context, lease Lease) (lctx context.Context, stop func()) {
-	lctx, cancel := context.WithCancelCause(ctx)
+	cctx, cancel := context.WithCancelCause(ctx)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		select {
 		case <-lease.Done():
 			cancel(lease.Err())
-		case <-lctx.Done():
+		case <-cctx.Done():
 		}
 	}()
-	return lctx, func() {
+	return leaseCtx{Context: cctx, lease: lease, cancel: cancel}, func() {
 		cancel(context.Canceled)
 		<-done
 	}
+}
+
+// leaseCtx is the context of LeaseContext: it asks the lease before it answers.
+type leaseCtx struct {
+	context.Context
+	lease  Lease
+	cancel context.CancelCauseFunc
+}
+
+func (c leaseCtx) poll() {
+	if c.Context.Err() == nil {
+		if err := c.lease.Err(); err != nil {
+			c.cancel(err)
+		}
+	}
+}
+
+func (c leaseCtx) Done() <-chan struct{} {
+	c.poll()
+	return c.Context.Done()
+}
+
+func (c leaseCtx) Err() error {
+	c.poll()
+	return c.Context.Err()
 }
 
 // releaseTimeout bounds the Release that Do makes after fn returns.

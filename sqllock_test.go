@@ -171,10 +171,10 @@ func TestApplyAcquireOptions(t *testing.T) {
 	if !errors.Is(err, sqllock.ErrInvalidOption) || !errors.As(err, &e) || e.Op != "try-acquire" || e.Dialect != sqllock.MySQL || e.Name != "job" {
 		t.Errorf("WithOwner(\"\") = %#v, want ErrInvalidOption labelled with op, dialect and name", err)
 	}
-	if _, err := sqllock.ApplyAcquireOptions("acquire", sqllock.Postgres, "job", []sqllock.AcquireOption{sqllock.WithTTL(-time.Second)}); !errors.Is(err, sqllock.ErrInvalidOption) {
+	if _, err := sqllock.ApplyAcquireOptions("acquire", sqllock.Postgres, "job", []sqllock.AcquireOption{sqllock.WithLeaseTTL(-time.Second)}); !errors.Is(err, sqllock.ErrInvalidOption) {
 		t.Errorf("WithTTL(-1s) = %v, want ErrInvalidOption", err)
 	}
-	c, err := sqllock.ApplyAcquireOptions("acquire", sqllock.Postgres, "job", []sqllock.AcquireOption{sqllock.WithOwner("job-7"), sqllock.WithTTL(time.Minute)})
+	c, err := sqllock.ApplyAcquireOptions("acquire", sqllock.Postgres, "job", []sqllock.AcquireOption{sqllock.WithOwner("job-7"), sqllock.WithLeaseTTL(time.Minute)})
 	if err != nil || c.Owner != "job-7" || c.TTL != time.Minute {
 		t.Errorf("ApplyAcquireOptions = %+v, %v", c, err)
 	}

@@ -12,46 +12,54 @@ import (
 
 	"github.com/sqllock/sqllock"
 	"github.com/sqllock/sqllock/internal/fence"
-	"github.com/sqllock/sqllock/internal/interrupt"
+	"github.com/sqllock/sqllock/internal/lease"
 	"github.com/sqllock/sqllock/internal/namekey"
+	"github.com/sqllock/sqllock/internal/pin"
 	"github.com/sqllock/sqllock/internal/sqlerr"
 )
 
 const (
-	// DefaultKeepalive is how often a held lock's session is checked.
-	DefaultKeepalive = 5 * time.Second
+	// DefaultTTL is the server-enforced bound of a held lock's session: a session that
+	// sends no statement for this long (a holder cut off by the network, frozen, or
+	// whose host died) is ended by the server, which frees the lock. The holder's
+	// keep-alive runs a statement on it every DefaultKeepalive, and the holder gives
+	// the lease up on its own clock TTL/5 before the bound runs out.
+	DefaultTTL = 10 * time.Second
+
+	// DefaultKeepalive is how often a held lock's session is checked, which also
+	// restarts its idle timer on the server. A session killed from outside is noticed
+	// within about one interval.
+	DefaultKeepalive = 2 * time.Second
 
 	// DefaultNamespace is mixed into the hash of a name on PostgreSQL. On MySQL the
 	// default namespace is the current database instead (GET_LOCK names are
 	// server-wide).
 	DefaultNamespace = "sqllock"
-
-	// minKeepalive is the shortest keepalive interval WithKeepalive accepts.
-	minKeepalive = 10 * time.Millisecond
 )
 
 // Option configures a Locker. Options are validated by New.
 type Option func(*config) error
 
 type config struct {
-	keepalive time.Duration
+	lease.Config
 	token     bool
-	logger    *slog.Logger
 	namespace string
 	nsSet     bool
 }
 
-// WithKeepalive sets how often the session of a held lock is checked (default
-// DefaultKeepalive). A lost session is reported within about one interval. Each
-// check is one small statement per held lock. It must be at least 10ms.
+// WithTTL sets the server-enforced bound of a held lock's session (DefaultTTL): the
+// session's idle timeout on the server (idle_session_timeout and tcp_user_timeout on
+// PostgreSQL 14+; wait_timeout and net_write_timeout on MySQL, in whole seconds,
+// rounded up), set while the lock is held and put back when it is released. It must
+// be at least twice the keep-alive interval.
+func WithTTL(d time.Duration) Option { return func(c *config) error { return c.SetTTL(d) } }
+
+// WithKeepalive sets how often the session of a held lock is checked and its idle
+// timer restarted (default DefaultKeepalive). A session killed from outside is
+// reported within about one interval. Each check is one small statement per held
+// lock.
 func WithKeepalive(d time.Duration) Option {
-	return func(c *config) error {
-		if d < minKeepalive {
-			return fmt.Errorf("keepalive interval %v shorter than %v", d, minKeepalive)
-		}
-		c.keepalive = d
-		return nil
-	}
+	return func(c *config) error { return c.SetInterval(d) }
 }
 
 // WithoutToken skips the fencing token: Lease.Token returns 0 and Acquire saves the
@@ -61,16 +69,8 @@ func WithoutToken() Option {
 	return func(c *config) error { c.token = false; return nil }
 }
 
-// WithLogger sets the logger for lost leases and failed releases (default: discard).
-func WithLogger(l *slog.Logger) Option {
-	return func(c *config) error {
-		if l == nil {
-			return errors.New("nil logger")
-		}
-		c.logger = l
-		return nil
-	}
-}
+// WithLogger sets the logger for lost leases and failed releases (default: none).
+func WithLogger(l *slog.Logger) Option { return func(c *config) error { return c.SetLogger(l) } }
 
 // WithNamespace sets the namespace mixed into the hash of every name: Lockers with
 // different namespaces never exclude each other. The default is DefaultNamespace on
@@ -94,6 +94,8 @@ type Locker struct {
 	cfg     config
 	shared  bool
 	st      *lockerState
+	pins    *pin.Pool
+	pgSQL   [2][2]pgStatements
 }
 
 // lockerState is shared by a Locker and its Shared view.
@@ -108,22 +110,14 @@ type lockerState struct {
 var _ sqllock.Locker = (*Locker)(nil)
 
 // New returns a Locker of exclusive locks on db, whose server is of dialect d. It
-// sends no SQL.
+// sends no SQL. Close it when done.
 func New(db *sql.DB, d sqllock.Dialect, opts ...Option) (*Locker, error) {
-	if db == nil {
-		return nil, &sqllock.Error{Op: "new", Dialect: d, Kind: sqllock.ErrInvalidOption, Err: errors.New("nil *sql.DB")}
+	cfg := config{Config: lease.Config{Timing: lease.Timing{TTL: DefaultTTL, Interval: DefaultKeepalive}}, token: true}
+	if err := lease.New("advisory", db, d, &cfg, &cfg.Config, opts); err != nil {
+		return nil, err
 	}
-	if !d.Valid() {
-		return nil, &sqllock.Error{Op: "new", Kind: sqllock.ErrInvalidOption, Err: fmt.Errorf("invalid dialect %v", d)}
-	}
-	cfg := config{keepalive: DefaultKeepalive, token: true, logger: slog.New(slog.DiscardHandler)}
-	for _, o := range opts {
-		if o == nil {
-			continue
-		}
-		if err := o(&cfg); err != nil {
-			return nil, &sqllock.Error{Op: "new", Dialect: d, Kind: sqllock.ErrInvalidOption, Err: err}
-		}
+	if d == sqllock.MySQL && cfg.Timing.TTL < time.Second {
+		return nil, lease.NewError("new", d, "", sqllock.ErrInvalidOption, fmt.Errorf("advisory: TTL %v is shorter than MySQL's smallest wait_timeout, 1s", cfg.Timing.TTL))
 	}
 	if d == sqllock.Postgres && !cfg.nsSet {
 		cfg.namespace = DefaultNamespace
@@ -132,7 +126,17 @@ func New(db *sql.DB, d sqllock.Dialect, opts ...Option) (*Locker, error) {
 	if cfg.nsSet {
 		st.ns = cfg.namespace
 	}
-	return &Locker{db: db, dialect: d, cfg: cfg, st: st}, nil
+	return &Locker{db: db, dialect: d, cfg: cfg, st: st,
+		pins:  pin.New(db, d, cfg.Timing.TTL, cfg.Logger),
+		pgSQL: pgStatementsFor(cfg.Timing.TTL),
+	}, nil
+}
+
+// Close returns the idle sessions the Locker keeps for reuse to the pool. Held
+// leases stay valid until released. Idempotent.
+func (l *Locker) Close() error {
+	l.pins.Close()
+	return nil
 }
 
 // Shared returns a view of l that takes shared locks (pg_advisory_lock_shared): any
@@ -141,8 +145,7 @@ func New(db *sql.DB, d sqllock.Dialect, opts ...Option) (*Locker, error) {
 // GET_LOCK: there Shared returns an error matching sqllock.ErrInvalidOption.
 func (l *Locker) Shared() (*Locker, error) {
 	if l.dialect != sqllock.Postgres {
-		return nil, &sqllock.Error{Op: "shared", Dialect: l.dialect, Kind: sqllock.ErrInvalidOption,
-			Err: errors.New("GET_LOCK has no shared mode")}
+		return nil, lease.NewError("shared", l.dialect, "", sqllock.ErrInvalidOption, errors.New("GET_LOCK has no shared mode"))
 	}
 	v := *l
 	v.shared = true
@@ -221,7 +224,7 @@ func (l *Locker) nameID(name string) lockID {
 
 // Acquire waits until the lock name is held or ctx ends, and returns a *Lease. See
 // sqllock.Locker. Acquire accepts sqllock.WithOwner (reentrant holds of one owner key
-// on this Locker) and rejects sqllock.WithTTL (a session lock has no lease time).
+// on this Locker) and rejects sqllock.WithLeaseTTL (a session lock has no lease time).
 func (l *Locker) Acquire(ctx context.Context, name string, opts ...sqllock.AcquireOption) (sqllock.Lease, error) {
 	return l.acquireName(ctx, "acquire", name, true, opts)
 }
@@ -255,15 +258,14 @@ func (l *Locker) acquireName(ctx context.Context, op, name string, wait bool, op
 
 func (l *Locker) acquireKey(ctx context.Context, op string, key int64, wait bool, opts []sqllock.AcquireOption) (sqllock.Lease, error) {
 	if l.dialect != sqllock.Postgres {
-		return nil, &sqllock.Error{Op: op, Dialect: l.dialect, Kind: sqllock.ErrInvalidOption,
-			Err: errors.New("raw int64 keys exist on PostgreSQL only")}
+		return nil, lease.NewError(op, l.dialect, "", sqllock.ErrInvalidOption, errors.New("raw int64 keys exist on PostgreSQL only"))
 	}
 	id := lockID{name: "pg_advisory_lock(" + strconv.FormatInt(key, 10) + ")", raw: true, k: key}
 	return l.acquire(ctx, op, id, wait, opts)
 }
 
 func (l *Locker) errorf(op string, id lockID, kind, err error) error {
-	return &sqllock.Error{Op: op, Dialect: l.dialect, Name: id.name, Kind: kind, Err: err}
+	return lease.NewError(op, l.dialect, id.name, kind, err)
 }
 
 func (l *Locker) acquire(ctx context.Context, op string, id lockID, wait bool, opts []sqllock.AcquireOption) (sqllock.Lease, error) {
@@ -348,9 +350,10 @@ type ownerEntry struct {
 	s     *session
 }
 
-// lock pins a connection, takes the server lock on it and bumps the token.
+// lock pins a connection whose session carries the bound, takes the server lock on
+// it and bumps the token.
 func (l *Locker) lock(ctx context.Context, op string, id lockID, wait bool) (*Lease, error) {
-	conn, err := l.db.Conn(ctx)
+	conn, err := l.pins.Get(ctx)
 	if err != nil {
 		if cerr := ctx.Err(); cerr != nil {
 			return nil, l.errorf(op, id, sqllock.ErrNotAcquired, cerr)
@@ -362,6 +365,9 @@ func (l *Locker) lock(ctx context.Context, op string, id lockID, wait bool) (*Le
 		ok    bool
 		dirty bool // the session may hold the lock in an unknown state: discard it
 	)
+	// granted is when the last statement on the session before the lease starts was
+	// sent: the server's idle timer (the bound) restarts after it.
+	granted := time.Now()
 	if l.dialect == sqllock.Postgres {
 		sid, ok, dirty, err = l.pgLock(ctx, conn, id, wait)
 	} else {
@@ -382,9 +388,9 @@ func (l *Locker) lock(ctx context.Context, op string, id lockID, wait bool) (*Le
 	}
 	if err != nil || !ok || dirty {
 		if dirty || err != nil {
-			interrupt.Release(conn, true)
+			l.pins.Discard(conn)
 		} else {
-			conn.Close()
+			l.pins.Put(conn)
 		}
 		if cerr := ctx.Err(); cerr != nil {
 			return nil, l.errorf(op, id, sqllock.ErrNotAcquired, cerr)
@@ -399,14 +405,26 @@ func (l *Locker) lock(ctx context.Context, op string, id lockID, wait bool) (*Le
 	}
 	var tok int64
 	if l.cfg.token {
+		granted = time.Now()
 		tok, err = fence.NextAutocommit(ctx, conn, l.dialect, id.name)
 		if err != nil {
-			interrupt.Release(conn, true)
+			l.pins.Discard(conn)
 			if cerr := ctx.Err(); cerr != nil {
 				return nil, l.errorf(op, id, sqllock.ErrNotAcquired, cerr)
 			}
 			return nil, l.errorf(op, id, nil, fmt.Errorf("fencing token: %w", err))
 		}
+	} else if time.Since(granted) > l.cfg.Timing.Interval/4 {
+		// The lock statement waited: the lease starts from a statement sent now, not
+		// from the start of the wait.
+		granted = time.Now()
+		if err := conn.QueryRowContext(ctx, "SELECT 1").Scan(new(int)); err != nil {
+			l.pins.Discard(conn)
+			if cerr := ctx.Err(); cerr != nil {
+				return nil, l.errorf(op, id, sqllock.ErrNotAcquired, cerr)
+			}
+			return nil, l.errorf(op, id, nil, err)
+		}
 	}
-	return l.startSession(conn, id, sid, tok), nil
+	return l.startSession(conn, id, sid, tok, granted), nil
 }

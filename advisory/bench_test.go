@@ -40,6 +40,7 @@ func advisoryLocker(b *testing.B, db *sql.DB, d sqllock.Dialect, opts ...advisor
 	if err != nil {
 		b.Fatal(err)
 	}
+	b.Cleanup(func() { l.Close() })
 	return l
 }
 

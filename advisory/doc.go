@@ -10,16 +10,28 @@
 // lock therefore pins its own *sql.Conn, taken from the pool at Acquire and given back
 // by Release (after the unlock statement), so a pool of N connections holds at most N
 // locks at once, and a blocked Acquire first waits for a free connection (honouring
-// its context). A keepalive pings the pinned session every keepalive interval
-// (DefaultKeepalive, see WithKeepalive) and compares its session id (pg_backend_pid(),
-// CONNECTION_ID()) with the one captured in the locking statement; on MySQL it also
-// checks IS_USED_LOCK. If the session died (killed, cut, server restarted or failed
-// over) the lease's Done channel closes and Err and Release report sqllock.ErrLost.
+// its context).
 //
-// The server frees a dead session's locks at once, so another client may acquire the
-// lock before the old holder's keepalive notices: loss is signalled within one
-// keepalive interval (plus the ping timeout), not before. Protect the resource with
-// the fencing token (Lease.Token) when that window matters.
+// While it holds a lock, the session carries a bound the server enforces: it is ended
+// by the server once it has been idle for the Locker's TTL (DefaultTTL, see WithTTL;
+// idle_session_timeout and tcp_user_timeout on PostgreSQL 14 and later, set in the
+// locking statement; wait_timeout and net_write_timeout on MySQL, in whole seconds),
+// which frees the lock. A keep-alive runs a statement on the session every keep-alive
+// interval (DefaultKeepalive), which restarts that idle timer, and compares its
+// session id (pg_backend_pid(), CONNECTION_ID()) with the one captured in the locking
+// statement; on MySQL it also checks IS_USED_LOCK. If no keep-alive succeeded for the
+// TTL less a safety margin (TTL/5), on the client's clock, the lease ends with
+// sqllock.ErrLost: a holder cut off from the server is told before the server frees
+// the lock, and a dead holder's lock is free within the TTL, not when TCP gives up
+// hours later. The settings are put back when the lock is released; on MySQL the
+// Locker keeps a few configured sessions for a moment to reuse them (Close returns
+// them).
+//
+// If the session is killed from outside (an operator's KILL, pg_terminate_backend,
+// a server restart), the server frees the lock at once, and the holder learns it
+// within one keep-alive interval (measured: 2s with the defaults): another client may
+// acquire the lock before that. Nothing can foresee a KILL: protect the resource
+// with the fencing token (Lease.Token) when that window matters.
 //
 // A pinned *sql.Conn never reconnects behind the holder's back (database/sql reports
 // driver.ErrBadConn), and the session id comparison catches any layer that would.

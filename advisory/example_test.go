@@ -20,6 +20,7 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
+	defer locker.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 

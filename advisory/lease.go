@@ -9,8 +9,7 @@ import (
 	"time"
 
 	"github.com/sqllock/sqllock"
-	"github.com/sqllock/sqllock/internal/interrupt"
-	"github.com/sqllock/sqllock/internal/leasestate"
+	"github.com/sqllock/sqllock/internal/lease"
 	"github.com/sqllock/sqllock/internal/sqlerr"
 )
 
@@ -18,9 +17,10 @@ import (
 // return. It is safe for concurrent use.
 type Lease struct {
 	s        *session
-	st       *leasestate.State
+	done     chan struct{}
 	mu       sync.Mutex
 	released bool
+	err      error // set when the hold ended on its own (released, or its session ended)
 }
 
 var _ sqllock.Lease = (*Lease)(nil)
@@ -38,18 +38,44 @@ func (le *Lease) Token() int64 { return le.s.token }
 // the processlist.
 func (le *Lease) SessionID() int64 { return le.s.sid }
 
-// Done is closed when the lease is released, or lost because its session died (within
-// about one keepalive interval of the death).
-func (le *Lease) Done() <-chan struct{} { return le.st.Done() }
+// Done is closed when the lease is released, or lost: its session died, or no
+// keep-alive succeeded before the local deadline (see the package documentation).
+func (le *Lease) Done() <-chan struct{} {
+	le.s.core.Done() // looks at the deadline
+	return le.done
+}
 
 // Err returns nil while the lease is held, an error matching sqllock.ErrLost after a
 // loss and one matching sqllock.ErrNotHeld after Release.
-func (le *Lease) Err() error { return le.st.Err() }
+func (le *Lease) Err() error {
+	le.mu.Lock()
+	err := le.err
+	le.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	if err := le.s.core.Err(); errors.Is(err, sqllock.ErrLost) {
+		return err
+	}
+	return nil
+}
+
+// end ends this hold with err, once.
+func (le *Lease) end(err error) {
+	le.mu.Lock()
+	defer le.mu.Unlock()
+	if le.err == nil {
+		le.err = err
+		close(le.done)
+	}
+}
 
 // Release gives the lease up. The server lock is released (pg_advisory_unlock,
-// RELEASE_LOCK) when the last hold of its session goes, and the connection returns to
-// the pool. If the unlock statement cannot run (ctx ends, the connection breaks) the
-// session is closed instead, which frees the lock on the server. Release returns an
+// RELEASE_LOCK) when the last hold of its session goes, and the session's bound is
+// put back before the connection returns to the pool. If the unlock statement cannot
+// run (the connection breaks) the session is closed instead, which frees the lock on
+// the server (at the latest when its bound runs out, if the server cannot be
+// reached). It gives the lock back even if ctx has already ended. Release returns an
 // error matching sqllock.ErrLost if the lease had been lost; later calls return nil.
 func (le *Lease) Release(ctx context.Context) error {
 	le.mu.Lock()
@@ -62,53 +88,65 @@ func (le *Lease) Release(ctx context.Context) error {
 	return le.s.release(ctx, le)
 }
 
+// session is one held server lock on one pinned connection, shared by the reentrant
+// holds of one owner.
 type session struct {
 	l     *Locker
 	conn  *sql.Conn
 	id    lockID
 	sid   int64
 	token int64
+	core  *lease.Lease
 
-	mu      sync.Mutex
-	holds   int
-	leases  map[*Lease]struct{}
-	ended   bool  // released or lost
-	lostErr error // set when lost
-	cause   error // why it was lost
-
-	kaMu      sync.Mutex  // held by a running check; serialises it with Release
-	kaTimer   *time.Timer // runs the next check
-	kaStopped bool
+	mu     sync.Mutex
+	holds  int
+	leases map[*Lease]struct{}
+	ended  bool
 
 	owner      holdKey     // set under lockerState.mu
 	ownerEntry *ownerEntry // set under lockerState.mu
 }
 
-// startSession wraps a granted lock, makes its first lease and starts the keepalive.
-func (l *Locker) startSession(conn *sql.Conn, id lockID, sid, token int64) *Lease {
-	s := &session{
-		l: l, conn: conn, id: id, sid: sid, token: token,
-		leases: make(map[*Lease]struct{}, 1),
-	}
-	le := &Lease{s: s, st: leasestate.New()}
+// startSession wraps a lock granted at granted, makes its first lease and starts its
+// keep-alive.
+func (l *Locker) startSession(conn *sql.Conn, id lockID, sid, token int64, granted time.Time) *Lease {
+	s := &session{l: l, conn: conn, id: id, sid: sid, token: token, leases: make(map[*Lease]struct{}, 1)}
+	le := &Lease{s: s, done: make(chan struct{})}
 	s.holds = 1
 	s.leases[le] = struct{}{}
-	// A timer rather than a goroutine per lease: nothing runs between checks, and
-	// Release needs no handshake with an idle keepalive.
-	s.kaMu.Lock()
-	s.kaTimer = time.AfterFunc(l.cfg.keepalive, s.keepalive)
-	s.kaMu.Unlock()
+	s.core = lease.Prepare(s, lease.Params{
+		Timing:  l.cfg.Timing,
+		Granted: granted,
+		Label:   lease.Label{Strategy: "advisory", Dialect: l.dialect, Name: id.name},
+		Log:     l.cfg.Logger,
+		OnEnd:   s.onEnd,
+	})
+	s.core.Run()
 	return le
+}
+
+// onEnd runs once the session's lease ended: every hold ends with it.
+func (s *session) onEnd() {
+	s.mu.Lock()
+	s.ended = true
+	leases := s.leases
+	s.leases = nil
+	s.mu.Unlock()
+	err := s.core.Err()
+	for le := range leases {
+		le.end(err)
+	}
+	s.removeOwner()
 }
 
 // addHold adds a reentrant hold, or returns nil if the session ended.
 func (s *session) addHold() *Lease {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.ended {
+	if s.ended || s.core.Err() != nil {
 		return nil
 	}
-	le := &Lease{s: s, st: leasestate.New()}
+	le := &Lease{s: s, done: make(chan struct{})}
 	s.holds++
 	s.leases[le] = struct{}{}
 	return le
@@ -121,7 +159,7 @@ func (s *session) isEnded() bool {
 }
 
 func (s *session) errorf(op string, kind, err error) error {
-	return &sqllock.Error{Op: op, Dialect: s.l.dialect, Name: s.id.name, Kind: kind, Err: err}
+	return lease.NewError(op, s.l.dialect, s.id.name, kind, err)
 }
 
 func (s *session) removeOwner() {
@@ -136,115 +174,101 @@ func (s *session) removeOwner() {
 func (s *session) release(ctx context.Context, le *Lease) error {
 	s.mu.Lock()
 	if s.ended {
-		lost := s.lostErr
 		s.mu.Unlock()
-		if lost != nil {
-			return s.errorf("release", sqllock.ErrLost, s.cause)
+		if err := s.core.Err(); errors.Is(err, sqllock.ErrLost) {
+			return err
 		}
 		return nil
 	}
 	delete(s.leases, le)
 	s.holds--
-	le.st.End(s.errorf("release", sqllock.ErrNotHeld, nil))
 	if s.holds > 0 {
 		s.mu.Unlock()
+		if err := s.core.Err(); errors.Is(err, sqllock.ErrLost) {
+			le.end(err)
+			return err
+		}
+		le.end(s.errorf("release", sqllock.ErrNotHeld, nil))
 		return nil
 	}
-	s.ended = true
 	s.mu.Unlock()
 	s.removeOwner()
-	s.kaMu.Lock() // waits for a running check
-	s.kaStopped = true
-	s.kaTimer.Stop()
-	s.kaMu.Unlock()
-
-	held, err := s.unlock(ctx)
-	switch {
-	case err != nil:
-		interrupt.Release(s.conn, true)
-		if sqlerr.Is(err, sqlerr.SessionLost) {
-			return s.errorf("release", sqllock.ErrLost, err)
-		}
-		// Closing the session freed the lock.
-		s.l.cfg.logger.Warn("sqllock/advisory: unlock failed, session closed instead",
-			"name", s.id.name, "dialect", s.l.dialect.String(), "err", err)
-		return nil
-	case !held:
-		interrupt.Release(s.conn, true)
-		return s.errorf("release", sqllock.ErrLost, errors.New("the session no longer held the lock"))
-	}
-	return s.conn.Close()
+	err := s.core.Release(ctx)
+	le.end(s.core.Err())
+	return err
 }
 
-func (s *session) unlock(ctx context.Context) (bool, error) {
-	if s.l.dialect == sqllock.Postgres {
-		var ok bool
-		err := s.conn.QueryRowContext(ctx, s.l.pgStmts(s.id).unlock, s.id.pgArgs()...).Scan(&ok)
-		return ok, err
-	}
-	var got sql.NullInt64
-	err := s.conn.QueryRowContext(ctx, "SELECT RELEASE_LOCK('"+s.id.myName+"')").Scan(&got)
-	return got.Valid && got.Int64 == 1, err
-}
-
-// keepalive runs one check and schedules the next.
-func (s *session) keepalive() {
-	s.kaMu.Lock()
-	defer s.kaMu.Unlock()
-	if s.kaStopped {
-		return
-	}
-	if err := s.check(); err != nil {
-		s.kaStopped = true
-		s.lose(err)
-		return
-	}
-	s.kaTimer.Reset(s.l.cfg.keepalive)
-}
-
-// check verifies that the pinned session is the one that took the lock (and, on
-// MySQL, that it still holds it). It is not cancelled by Release, which waits for it:
-// cancelling a statement can break the connection and lose the lock.
-func (s *session) check() error {
-	ctx, cancel := context.WithTimeout(context.Background(), max(s.l.cfg.keepalive, time.Second))
-	defer cancel()
+// KeepAlive checks that the pinned session is the one that took the lock (and, on
+// MySQL, that it still holds it). The statement also restarts the session's idle
+// timer on the server: the bound.
+func (s *session) KeepAlive(ctx context.Context) (time.Duration, error) {
+	ctx = lease.OwnConn(ctx) // Release lets it finish: cancelling it would break the session
 	var sid int64
 	if s.l.dialect == sqllock.Postgres {
 		if err := s.conn.QueryRowContext(ctx, "SELECT pg_backend_pid()").Scan(&sid); err != nil {
-			return err
+			return 0, keepAliveErr(err)
 		}
 	} else {
 		var holder sql.NullInt64
 		err := s.conn.QueryRowContext(ctx, "SELECT CONNECTION_ID(), IS_USED_LOCK('"+s.id.myName+"')").Scan(&sid, &holder)
 		if err != nil {
-			return err
+			return 0, keepAliveErr(err)
 		}
 		if sid == s.sid && (!holder.Valid || holder.Int64 != sid) {
-			return fmt.Errorf("GET_LOCK name held by session %v, not by this session %d", holder, sid)
+			return 0, lease.Gonef("GET_LOCK name held by session %v, not by this session %d", holder, sid)
 		}
 	}
 	if sid != s.sid {
-		return fmt.Errorf("session changed from %d to %d (a pooler or reconnect?)", s.sid, sid)
+		return 0, lease.Gonef("session changed from %d to %d (a pooler or reconnect?)", s.sid, sid)
 	}
+	return 0, nil
+}
+
+// keepAliveErr: a session that is gone took its lock with it.
+func keepAliveErr(err error) error {
+	if sqlerr.Is(err, sqlerr.SessionLost) {
+		return lease.Gone(fmt.Errorf("session lost: %w", err))
+	}
+	return err
+}
+
+// GiveBack releases the server lock and returns the connection. After a loss it
+// closes the session, which frees whatever it still held.
+func (s *session) GiveBack(ctx context.Context, lost bool) error {
+	if lost {
+		s.l.pins.Discard(s.conn)
+		return nil
+	}
+	held, err := s.unlock(ctx)
+	switch {
+	case err != nil:
+		s.l.pins.Discard(s.conn)
+		if sqlerr.Is(err, sqlerr.SessionLost) {
+			return lease.Gone(fmt.Errorf("session lost: %w", err))
+		}
+		// Closing the session frees the lock (on the server's side, at the latest when
+		// its bound runs out).
+		s.l.cfg.Logger.Warn("sqllock/advisory: unlock failed, session closed instead",
+			"name", s.id.name, "dialect", s.l.dialect.String(), "err", err)
+		return nil
+	case !held:
+		s.l.pins.Discard(s.conn)
+		return lease.Gonef("the session no longer held the lock")
+	}
+	s.l.pins.Put(s.conn)
 	return nil
 }
 
-func (s *session) lose(cause error) {
-	s.mu.Lock()
-	if s.ended {
-		s.mu.Unlock()
-		return
+// unlock releases the server lock (and on PostgreSQL puts the session's bound back
+// in the same statement).
+func (s *session) unlock(ctx context.Context) (bool, error) {
+	if s.l.dialect == sqllock.Postgres {
+		var ok bool
+		var a, b string
+		err := s.conn.QueryRowContext(ctx, s.l.pgStmts(s.id).unlock, s.id.pgArgs()...).Scan(&ok, &a, &b)
+		return ok, err
 	}
-	s.ended = true
-	s.lostErr, s.cause = s.errorf("keepalive", sqllock.ErrLost, cause), cause
-	leases := s.leases
-	s.leases = nil
-	s.mu.Unlock()
-	for le := range leases {
-		le.st.End(s.lostErr)
-	}
-	s.removeOwner()
-	interrupt.Release(s.conn, true)
-	s.l.cfg.logger.Warn("sqllock/advisory: lock lost", "name", s.id.name,
-		"dialect", s.l.dialect.String(), "session", s.sid, "err", cause)
+	var got sql.NullInt64
+	err := s.conn.QueryRowContext(ctx, "SELECT RELEASE_LOCK('"+s.id.myName+"')").Scan(&got)
+	return got.Valid && got.Int64 == 1, err
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sqllock/sqllock/internal/interrupt"
+	"github.com/sqllock/sqllock/internal/pin"
 )
 
 // pgStatements holds the SQL of one PostgreSQL mode (exclusive or shared) and key form
@@ -16,8 +17,18 @@ type pgStatements struct {
 	try, wait, unlock, xact, tryXact string
 }
 
-// pgSQL is indexed by [shared][raw].
-var pgSQL = func() (t [2][2]pgStatements) {
+// pgStatementsFor builds the statements of a Locker whose sessions are bounded by
+// ttl. A granted session lock also sets the session's bound in the same statement
+// (idle_session_timeout: the server ends a session idle for longer; tcp_user_timeout:
+// and one whose client stopped acknowledging), and the unlock puts them back:
+// no round trip is added to the bare lock statements.
+func pgStatementsFor(ttl time.Duration) (t [2][2]pgStatements) {
+	ms := "'" + pin.Millis(ttl) + "'"
+	setIdle := "set_config('idle_session_timeout', " + ms + ", false)"
+	setTCP := "set_config('tcp_user_timeout', " + ms + ", false)"
+	set := setIdle + ", " + setTCP
+	reset := "set_config('idle_session_timeout', (SELECT reset_val FROM pg_settings WHERE name = 'idle_session_timeout'), false), " +
+		"set_config('tcp_user_timeout', (SELECT reset_val FROM pg_settings WHERE name = 'tcp_user_timeout'), false)"
 	for sh := 0; sh < 2; sh++ {
 		for raw := 0; raw < 2; raw++ {
 			suffix := ""
@@ -29,16 +40,18 @@ var pgSQL = func() (t [2][2]pgStatements) {
 				args = "($1::int8)"
 			}
 			t[sh][raw] = pgStatements{
-				try:     "SELECT pg_try_advisory_lock" + suffix + args + ", pg_backend_pid()",
-				wait:    "SELECT pg_backend_pid() FROM pg_advisory_lock" + suffix + args,
-				unlock:  "SELECT pg_advisory_unlock" + suffix + args,
+				// The lock function runs in a subquery, once, before the settings.
+				try: "SELECT l.got, pg_backend_pid(), CASE WHEN l.got THEN " + setIdle + " END, CASE WHEN l.got THEN " + setTCP +
+					" END FROM (SELECT pg_try_advisory_lock" + suffix + args + " AS got) l",
+				wait:    "SELECT pg_backend_pid(), " + set + " FROM pg_advisory_lock" + suffix + args,
+				unlock:  "SELECT pg_advisory_unlock" + suffix + args + ", " + reset,
 				xact:    "SELECT 1 FROM pg_advisory_xact_lock" + suffix + args,
 				tryXact: "SELECT pg_try_advisory_xact_lock" + suffix + args,
 			}
 		}
 	}
 	return t
-}()
+}
 
 func b2i(b bool) int {
 	if b {
@@ -47,14 +60,15 @@ func b2i(b bool) int {
 	return 0
 }
 
-func (l *Locker) pgStmts(id lockID) *pgStatements { return &pgSQL[b2i(l.shared)][b2i(id.raw)] }
+func (l *Locker) pgStmts(id lockID) *pgStatements { return &l.pgSQL[b2i(l.shared)][b2i(id.raw)] }
 
 // pgLock takes the lock on conn. dirty reports that the session must be discarded.
 func (l *Locker) pgLock(ctx context.Context, conn *sql.Conn, id lockID, wait bool) (sid int64, ok, dirty bool, err error) {
 	st := l.pgStmts(id)
 	if !wait {
 		var pid int64
-		err = conn.QueryRowContext(ctx, st.try, id.pgArgs()...).Scan(&ok, &pid)
+		var a, b sql.NullString
+		err = conn.QueryRowContext(ctx, st.try, id.pgArgs()...).Scan(&ok, &pid, &a, &b)
 		return pid, ok, err != nil, err
 	}
 	// A wait that ctx ends is cancelled on the server (see internal/interrupt): with
@@ -63,13 +77,14 @@ func (l *Locker) pgLock(ctx context.Context, conn *sql.Conn, id lockID, wait boo
 	// with it.
 	dirty, err = l.interrupter().Run(ctx, interrupt.Target{PgConn: interrupt.PgConn(conn), Label: id.name}, false,
 		func(qctx context.Context) error {
-			return conn.QueryRowContext(qctx, st.wait, id.pgArgs()...).Scan(&sid)
+			var a, b string
+			return conn.QueryRowContext(qctx, st.wait, id.pgArgs()...).Scan(&sid, &a, &b)
 		})
 	return sid, err == nil, dirty || err != nil, err
 }
 
 func (l *Locker) interrupter() interrupt.Interrupter {
-	return interrupt.Interrupter{DB: l.db, Logger: l.cfg.logger}
+	return interrupt.Interrupter{DB: l.db, Logger: l.cfg.Logger}
 }
 
 // noDeadlineWait is the GET_LOCK timeout used when ctx has no deadline; the wait is

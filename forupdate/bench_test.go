@@ -30,6 +30,7 @@ func BenchmarkUncontended(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
+			b.Cleanup(func() { l.Close() })
 			name := testdb.Name(b)
 			ctx := context.Background()
 			lease, err := l.Lock(ctx, name) // creates the row
@@ -91,6 +92,7 @@ func BenchmarkUncontended(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
+			b.Cleanup(func() { noToken.Close() })
 			for _, c := range []struct {
 				name string
 				l    *forupdate.Locker
@@ -133,6 +135,7 @@ func BenchmarkContended(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
+			b.Cleanup(func() { l.Close() })
 			name := testdb.Name(b)
 			ctx := context.Background()
 			lease, err := l.Lock(ctx, name)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -12,12 +13,31 @@ import (
 	"github.com/sqllock/sqllock/testdb"
 )
 
+// lockWaits is the table of InnoDB lock waits with its requesting and blocking
+// transaction id columns: information_schema.INNODB_LOCK_WAITS on MariaDB, which
+// MySQL 8.0 replaced by performance_schema.data_lock_waits.
+func lockWaits(t testing.TB, admin *sql.DB) (table, requesting, blocking string) {
+	t.Helper()
+	var v string
+	if err := admin.QueryRowContext(testdb.Context(t, 30*time.Second), "SELECT VERSION()").Scan(&v); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(strings.ToLower(v), "mariadb") {
+		return "information_schema.INNODB_LOCK_WAITS", "requesting_trx_id", "blocking_trx_id"
+	}
+	return "performance_schema.data_lock_waits", "REQUESTING_ENGINE_TRANSACTION_ID", "BLOCKING_ENGINE_TRANSACTION_ID"
+}
+
 // blockedBy counts the sessions waiting for a lock held by session holder.
 func blockedBy(t testing.TB, admin *sql.DB, d sqllock.Dialect, holder int64) int {
 	t.Helper()
-	q := `SELECT COUNT(*) FROM information_schema.INNODB_LOCK_WAITS w
-JOIN information_schema.INNODB_TRX t ON t.trx_id = w.blocking_trx_id
+	var q string
+	if d == sqllock.MySQL {
+		table, _, blocking := lockWaits(t, admin)
+		q = `SELECT COUNT(*) FROM ` + table + ` w
+JOIN information_schema.INNODB_TRX t ON t.trx_id = w.` + blocking + `
 WHERE t.trx_mysql_thread_id = ?`
+	}
 	if d == sqllock.Postgres {
 		q = `SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))`
 	}
@@ -39,7 +59,12 @@ func waitBlocked(t testing.TB, admin *sql.DB, d sqllock.Dialect, holder int64, w
 		}
 		if time.Since(start) > limit {
 			if d == sqllock.MySQL {
-				rows, _ := admin.Query("SELECT r.trx_mysql_thread_id, r.trx_state, r.trx_started, r.trx_query FROM information_schema.INNODB_LOCK_WAITS w JOIN information_schema.INNODB_TRX r ON r.trx_id = w.requesting_trx_id")
+				table, requesting, _ := lockWaits(t, admin)
+				rows, err := admin.Query("SELECT r.trx_mysql_thread_id, r.trx_state, r.trx_started, r.trx_query FROM " + table +
+					" w JOIN information_schema.INNODB_TRX r ON r.trx_id = w." + requesting)
+				if err != nil {
+					t.Fatal(err)
+				}
 				for rows.Next() {
 					var a, b, c, e any
 					rows.Scan(&a, &b, &c, &e)
@@ -73,7 +98,7 @@ func TestInterruptWithFullPool(t *testing.T) {
 				db, admin := testdb.Open(t, d), testdb.Open(t, d)
 				db.SetMaxOpenConns(2)
 				// No keepalive checks: they would take the connection the waiter frees.
-				l := newLocker(t, db, d, forupdate.WithKeepalive(time.Hour))
+				l := newLocker(t, db, d, forupdate.WithKeepalive(time.Hour), forupdate.WithTTL(3*time.Hour))
 				name := testdb.Name(t)
 				holder, err := l.Lock(testdb.Context(t, 30*time.Second), name)
 				if err != nil {
@@ -183,6 +208,71 @@ func TestDeadlineAlmostReached(t *testing.T) {
 		}
 		if !errors.Is(err, sqllock.ErrNotAcquired) || !errors.Is(err, context.DeadlineExceeded) {
 			t.Errorf("err = %v, want ErrNotAcquired and DeadlineExceeded", err)
+		}
+	})
+}
+
+// TestCancelledWaitersLeaveNothingQueued: 50 waiters, one after the other, whose
+// ctx ends (a deadline, or a cancel) while they wait for a held lock: each returns
+// within its ctx, and none is left queued on the server (pg_blocking_pids;
+// performance_schema.data_lock_waits on MySQL, information_schema.INNODB_LOCK_WAITS
+// on MariaDB), so none can be granted the lock later.
+func TestCancelledWaitersLeaveNothingQueued(t *testing.T) {
+	testdb.CheckLeaks(t)
+	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
+		admin := testdb.Open(t, d)
+		l := newLocker(t, testdb.Open(t, d), d)
+		name := testdb.Name(t)
+		ctx := testdb.Context(t, 2*time.Minute)
+		holder, err := l.Lock(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer holder.Release(ctx)
+		const wait = 100 * time.Millisecond
+		var worst time.Duration
+		for i := 0; i < 50; i++ {
+			wctx, cancel := context.WithTimeout(ctx, wait)
+			if i%2 == 1 {
+				cancel()
+				wctx, cancel = context.WithCancel(ctx)
+				time.AfterFunc(wait, cancel)
+			}
+			start := time.Now()
+			lease, err := l.Lock(wctx, name)
+			took := time.Since(start)
+			cancel()
+			if err == nil {
+				lease.Release(ctx)
+				t.Fatalf("waiter %d acquired a held lock", i)
+			}
+			if !errors.Is(err, sqllock.ErrNotAcquired) {
+				t.Fatalf("waiter %d: %v", i, err)
+			}
+			if took > wait+time.Second {
+				t.Errorf("waiter %d returned %v after its ctx ended", i, took-wait)
+			}
+			// Nothing of the waiter is queued on the server any more (the server's lock
+			// tables lag a little behind: look until they agree, a few seconds at most).
+			begin := time.Now()
+			for {
+				n, err := testdb.BlockedBy(ctx, admin, d, holder.SessionID())
+				if err != nil {
+					t.Fatal(err)
+				}
+				if n == 0 {
+					break
+				}
+				if time.Since(begin) > 3*time.Second {
+					t.Fatalf("waiter %d: %d sessions still queued behind the holder 3s after it returned", i, n)
+				}
+				time.Sleep(20 * time.Millisecond) // polling the server: it sends no signal
+			}
+			worst = max(worst, time.Since(begin))
+		}
+		t.Logf("50 abandoned waits; the server's queue was empty at most %v after each returned", worst.Round(time.Millisecond))
+		if err := holder.Release(ctx); err != nil {
+			t.Fatal(err)
 		}
 	})
 }

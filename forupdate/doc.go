@@ -23,18 +23,54 @@
 // (InnoDB takes gap locks when a locking read finds no row at REPEATABLE READ). Rows are
 // never deleted by the library.
 //
-// # Failure
+// # The bound, and failure
+//
+// A lock transaction carries a bound the server enforces: it is ended (and the lock
+// freed) once it has been idle, with no statement running, for the Locker's TTL
+// (DefaultTTL, see WithTTL): idle_in_transaction_session_timeout and tcp_user_timeout
+// on PostgreSQL, set for the transaction only; wait_timeout and net_write_timeout on
+// MySQL, in whole seconds, put back when the connection returns to the pool. The
+// keep-alive (every DefaultKeepalive, see WithKeepalive) looks at the transaction
+// from another pooled connection, so that it never interferes with the caller's
+// statements: on PostgreSQL it finds the session in the lease's transaction
+// (pg_stat_activity, xact_start and backend_start, so a reused pid is not taken for
+// it) and, when the transaction is idle and the driver is pgx, touches it through its
+// own connection (which restarts the idle timer); on MySQL it reads the session in
+// the processlist (a Sleep of TIME seconds leaves TTL less that much), the server's
+// uptime (a restart reuses session ids) and the committed token (one at least the
+// lease's means the transaction committed early). So:
+//
+//   - On MySQL only the caller's statements keep a lock transaction alive: a lease
+//     whose transaction runs no statement for the TTL (less the safety margin, TTL/5)
+//     ends with ErrLost, just before the server would end the transaction. Raise the
+//     TTL for work that spends long outside SQL while holding the lock. On PostgreSQL
+//     with pgx the keep-alive touches an idle transaction itself.
+//   - A single statement that runs longer than the TTL less the safety margin makes the
+//     lease end with ErrLost on PostgreSQL when the keep-alive cannot see it running
+//     (a driver other than pgx); on MySQL a running statement counts as activity.
+//   - A holder cut off from the database is told (Done, ErrLost) before the server
+//     ends its transaction and frees the lock: within the TTL.
 //
 // When the session dies (killed, connection cut, server restart or failover), the
 // database rolls the transaction back: the lock is free at once and nothing of the
-// work done in Lease.Tx commits. The lease notices within about one keepalive interval
-// (WithKeepalive), from another pooled connection, and then closes Done and reports
-// ErrLost; Release returns ErrLost. (On PostgreSQL the check compares the session's
-// backend_start with the lease's transaction start, so that a new session reusing the
-// pid is not taken for the lease's.) Because the database frees the lock the instant
-// the session dies, another client may acquire it before the lease notices; this is
-// safe for writes made through Lease.Tx, which can no longer commit, but not for side
+// work done in Lease.Tx commits. If it was killed from outside (an operator's KILL),
+// the lease learns it within about one keep-alive interval (measured: 5s with the
+// defaults), after another client may already have acquired the lock; this is safe
+// for writes made through Lease.Tx, which can no longer commit, but not for side
 // effects outside the database: pass Lease.Token to such resources.
+//
+// # What ends a lock early
+//
+// On MySQL a DDL statement or LOCK TABLES inside the transaction commits it
+// implicitly, and InnoDB rolls back the whole transaction of a deadlock victim (and,
+// with innodb_rollback_on_timeout, of a lock wait timeout): the lock is free from
+// then on, and later statements through Lease.Tx run outside any transaction. The
+// keep-alive reports ErrLost within one interval (an early commit), and Release
+// checks that the transaction is still the lease's before COMMIT: if not, it rolls
+// back what it can and returns ErrLost. Do not run such statements inside a lock.
+// On PostgreSQL no statement ends the transaction but COMMIT or ROLLBACK (which
+// Lease.Tx's caller must not send); an error aborts it, and the lock is held until
+// Release or Rollback, which then reports the error.
 //
 // # Reads inside the transaction
 //

@@ -207,7 +207,10 @@ func TestWithoutToken(t *testing.T) {
 				if !errors.Is(err, sqllock.ErrNotAcquired) || !errors.Is(err, context.DeadlineExceeded) {
 					t.Errorf("Lock of a held name with a deadline: %v", err)
 				}
-				if took := time.Since(start); took > 500*time.Millisecond {
+				// Ending the server's wait takes a pooled connection and a KILL QUERY on
+				// MySQL: some slack for a loaded machine; without it, Lock would wait for
+				// the holder.
+				if took := time.Since(start); took > time.Second {
 					t.Errorf("Lock with a 300ms deadline returned after %v", took)
 				}
 				if err := insertData(ctx, lease.Tx(), d, name, 9); err != nil {

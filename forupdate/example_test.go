@@ -24,6 +24,7 @@ func ExampleLocker_WithLock() {
 	if err != nil {
 		log.Fatal(err)
 	}
+	defer locker.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	err = locker.WithLock(ctx, "invoice/2026-11", func(ctx context.Context, tx *sql.Tx) error {
@@ -39,6 +40,7 @@ func ExampleLocker_WithLock() {
 func ExampleLocker_Lock() {
 	db, _ := sql.Open("mysql", "app@tcp(db:3306)/app")
 	locker, _ := forupdate.New(db, sqllock.MySQL, forupdate.WithMaxWaiters(4))
+	defer locker.Close()
 	ctx := context.Background()
 	lease, err := locker.Lock(ctx, "report")
 	if err != nil {

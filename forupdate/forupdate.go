@@ -15,14 +15,22 @@ import (
 	"github.com/sqllock/sqllock"
 	"github.com/sqllock/sqllock/internal/backoff"
 	"github.com/sqllock/sqllock/internal/interrupt"
+	"github.com/sqllock/sqllock/internal/lease"
 	"github.com/sqllock/sqllock/internal/namekey"
+	"github.com/sqllock/sqllock/internal/pin"
 	"github.com/sqllock/sqllock/internal/sqlerr"
 )
 
 // Defaults of the options.
 const (
+	// DefaultTTL is the server-enforced bound of a lock transaction: the server ends a
+	// lock transaction that stays idle (no statement) for longer, which frees the
+	// lock, so a holder cut off from the database loses the lock on the server within
+	// it. The holder gives the lease up on its own clock TTL/5 earlier.
+	DefaultTTL = 30 * time.Second
+
 	// DefaultKeepalive is how often a lease checks, from another pooled connection,
-	// that its session is still alive.
+	// that its transaction is still open and how long its bound has left.
 	DefaultKeepalive = 5 * time.Second
 
 	// DefaultMaxWaiters is the cap on waiters blocked in the database per Locker when
@@ -32,21 +40,13 @@ const (
 )
 
 // Option configures a Locker. Options are validated by New.
-type Option func(*config)
+type Option func(*config) error
 
 type config struct {
+	lease.Config
 	noToken    bool
 	isolation  sql.IsolationLevel
 	maxWaiters int
-	keepalive  time.Duration
-	logger     *slog.Logger
-	err        error
-}
-
-func (c *config) fail(format string, args ...any) {
-	if c.err == nil {
-		c.err = &sqllock.Error{Op: "new", Kind: sqllock.ErrInvalidOption, Err: fmt.Errorf(format, args...)}
-	}
 }
 
 // WithIsolation sets the isolation level of the lock transactions:
@@ -56,13 +56,13 @@ func (c *config) fail(format string, args ...any) {
 // transaction see. On MySQL a level other than the default costs one more statement
 // per acquisition (SET TRANSACTION ISOLATION LEVEL).
 func WithIsolation(level sql.IsolationLevel) Option {
-	return func(c *config) {
+	return func(c *config) error {
 		switch level {
 		case sql.LevelDefault, sql.LevelReadCommitted, sql.LevelRepeatableRead, sql.LevelSerializable:
 			c.isolation = level
-		default:
-			c.fail("isolation level %v is not supported", level)
+			return nil
 		}
+		return fmt.Errorf("isolation level %v is not supported", level)
 	}
 }
 
@@ -74,59 +74,59 @@ func WithIsolation(level sql.IsolationLevel) Option {
 // application. Default: half of db's MaxOpenConns when New is called, or
 // DefaultMaxWaiters for an unlimited pool.
 func WithMaxWaiters(n int) Option {
-	return func(c *config) {
+	return func(c *config) error {
 		if n < 1 {
-			c.fail("MaxWaiters %d is less than 1", n)
-			return
+			return fmt.Errorf("MaxWaiters %d is less than 1", n)
 		}
 		c.maxWaiters = n
+		return nil
 	}
 }
 
-// WithKeepalive sets how often a held lease checks that its session is alive, with a
-// short query on another pooled connection (pg_stat_activity, PROCESSLIST). It bounds
-// how long a lease whose session died goes on reporting itself held. Default
-// DefaultKeepalive.
+// WithTTL sets the server-enforced bound of a lock transaction (DefaultTTL): the
+// longest the transaction may stay idle before the server ends it
+// (idle_in_transaction_session_timeout and tcp_user_timeout on PostgreSQL, set for
+// the transaction only; wait_timeout and net_write_timeout on MySQL, in whole
+// seconds, rounded up, put back when the connection returns to the pool). On
+// PostgreSQL with pgx the keep-alive touches an idle transaction itself; on MySQL
+// only the caller's statements do (see the package documentation).
+func WithTTL(d time.Duration) Option { return func(c *config) error { return c.SetTTL(d) } }
+
+// WithKeepalive sets how often a held lease checks its transaction, with a short
+// query on another pooled connection (default DefaultKeepalive). It bounds how long a
+// lease whose session was killed goes on reporting itself held. It must be at most
+// half the TTL.
 func WithKeepalive(interval time.Duration) Option {
-	return func(c *config) {
-		if interval <= 0 {
-			c.fail("keepalive interval %v is not positive", interval)
-			return
-		}
-		c.keepalive = interval
-	}
+	return func(c *config) error { return c.SetInterval(interval) }
 }
 
 // WithoutToken makes leases without a fencing token: Lease.Token returns 0 and the
 // acquisition sends no token statement, so that it is BEGIN, the locking read and, at
-// release, COMMIT, the cost of a hand-written SELECT ... FOR UPDATE transaction. It
-// is for callers who only need the lock to be atomic with the writes they make in
-// Lease.Tx and who pass no fencing token to anything. The default draws a token per
+// release, COMMIT, the cost of a hand-written SELECT ... FOR UPDATE transaction (one
+// more statement on MySQL, which checks the transaction before COMMIT). It is for
+// callers who only need the lock to be atomic with the writes they make in Lease.Tx
+// and who pass no fencing token to anything. The default draws a token per
 // acquisition, which on MySQL makes every acquisition a durable write.
 func WithoutToken() Option {
-	return func(c *config) { c.noToken = true }
+	return func(c *config) error { c.noToken = true; return nil }
 }
 
 // WithLogger sets the logger for keepalive failures and lost leases. Default: none.
-func WithLogger(l *slog.Logger) Option {
-	return func(c *config) {
-		if l == nil {
-			c.fail("nil logger")
-			return
-		}
-		c.logger = l
-	}
-}
+func WithLogger(l *slog.Logger) Option { return func(c *config) error { return c.SetLogger(l) } }
 
 // Locker takes forupdate locks on one database. It implements sqllock.Locker; Lock
 // and TryLock return the concrete *Lease, whose Tx is the locking transaction. Build
-// it once with New and share it: it is safe for concurrent use.
+// it once with New and share it: it is safe for concurrent use. Close it when done.
 type Locker struct {
-	db      *sql.DB
-	dialect sqllock.Dialect
-	cfg     config
-	txOpts  *sql.TxOptions
-	waiters chan struct{}
+	db       *sql.DB
+	dialect  sqllock.Dialect
+	cfg      config
+	txOpts   *sql.TxOptions
+	waiters  chan struct{}
+	pins     *pin.Pool
+	pg       pgStatements
+	myMaria  myStatements
+	myOracle myStatements
 
 	queued atomic.Int64 // Lock calls waiting in the process for a waiter slot
 	inDB   atomic.Int64 // statements that may wait for a lock, under way
@@ -139,18 +139,12 @@ var _ sqllock.Locker = (*Locker)(nil)
 // migrations applied (migrations.Up). It sends no SQL. Invalid options return an
 // error matching sqllock.ErrInvalidOption.
 func New(db *sql.DB, d sqllock.Dialect, opts ...Option) (*Locker, error) {
-	cfg := config{keepalive: DefaultKeepalive}
-	if db == nil {
-		cfg.fail("nil *sql.DB")
+	cfg := config{Config: lease.Config{Timing: lease.Timing{TTL: DefaultTTL, Interval: DefaultKeepalive}}}
+	if err := lease.New("forupdate", db, d, &cfg, &cfg.Config, opts); err != nil {
+		return nil, err
 	}
-	if !d.Valid() {
-		cfg.fail("unknown dialect %v", d)
-	}
-	for _, o := range opts {
-		o(&cfg)
-	}
-	if cfg.err != nil {
-		return nil, cfg.err
+	if d == sqllock.MySQL && cfg.Timing.TTL < time.Second {
+		return nil, lease.NewError("new", d, "", sqllock.ErrInvalidOption, fmt.Errorf("forupdate: TTL %v is shorter than MySQL's smallest wait_timeout, 1s", cfg.Timing.TTL))
 	}
 	if cfg.maxWaiters == 0 {
 		cfg.maxWaiters = DefaultMaxWaiters
@@ -158,14 +152,45 @@ func New(db *sql.DB, d sqllock.Dialect, opts ...Option) (*Locker, error) {
 			cfg.maxWaiters = max(1, n/2)
 		}
 	}
-	if cfg.logger == nil {
-		cfg.logger = slog.New(slog.DiscardHandler)
+	l := &Locker{
+		db: db, dialect: d, cfg: cfg, waiters: make(chan struct{}, cfg.maxWaiters),
+		pins: pin.New(db, d, cfg.Timing.TTL, cfg.Logger),
+		pg:   newPgStatements(cfg.Timing.TTL), myMaria: newMyStatements(flavorMariaDB), myOracle: newMyStatements(flavorMySQL8),
 	}
-	l := &Locker{db: db, dialect: d, cfg: cfg, waiters: make(chan struct{}, cfg.maxWaiters)}
 	if cfg.isolation != sql.LevelDefault {
 		l.txOpts = &sql.TxOptions{Isolation: cfg.isolation}
 	}
 	return l, nil
+}
+
+// Close returns the idle sessions the Locker keeps for reuse (MySQL) to the pool.
+// Held leases stay valid until they end. Idempotent.
+func (l *Locker) Close() error {
+	l.pins.Close()
+	return nil
+}
+
+// CommittedToken returns the token of the last committed acquisition of name: the
+// way to tell, after Release reported ErrCommitUnknown, whether it committed (it did
+// if and only if this is the lease's token). 0 if the name was never locked with a
+// token.
+func (l *Locker) CommittedToken(ctx context.Context, name string) (int64, error) {
+	if err := sqllock.ValidateName(name); err != nil {
+		return 0, err
+	}
+	q := myCommitted
+	if l.dialect == sqllock.Postgres {
+		q = "SELECT token FROM sqllock_rowlock WHERE lock_key = $1"
+	}
+	var tok int64
+	err := l.db.QueryRowContext(ctx, q, namekey.Key(name)).Scan(&tok)
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, lease.NewError("committed-token", l.dialect, name, nil, err)
+	}
+	return tok, nil
 }
 
 // MaxWaiters returns the cap on waiters blocked in the database (WithMaxWaiters).
@@ -202,7 +227,7 @@ func (l *Locker) TryAcquire(ctx context.Context, name string, opts ...sqllock.Ac
 // within milliseconds of ctx's end, with an error matching both
 // sqllock.ErrNotAcquired and ctx.Err(), and no lock is held, even if the database
 // granted it at that instant. Deadlocks, serialization failures and server lock wait
-// timeouts are retried. sqllock.WithOwner and sqllock.WithTTL are not supported: the
+// timeouts are retried. sqllock.WithOwner and sqllock.WithLeaseTTL are not supported: the
 // lock lives as long as its transaction.
 func (l *Locker) Lock(ctx context.Context, name string, opts ...sqllock.AcquireOption) (*Lease, error) {
 	const op = "acquire"
@@ -276,7 +301,7 @@ func (l *Locker) WithLock(ctx context.Context, name string, fn func(ctx context.
 func (l *Locker) TryAcquireAny(ctx context.Context, names []string) (*Lease, error) {
 	const op = "try-acquire-any"
 	if len(names) == 0 {
-		return nil, &sqllock.Error{Op: op, Dialect: l.dialect, Kind: sqllock.ErrInvalidName, Err: errors.New("no names")}
+		return nil, lease.NewError(op, l.dialect, "", sqllock.ErrInvalidName, errors.New("no names"))
 	}
 	keys := make([][]byte, len(names))
 	byKey := make(map[string]string, len(names))
@@ -291,12 +316,12 @@ func (l *Locker) TryAcquireAny(ctx context.Context, names []string) (*Lease, err
 		return nil, l.notAcquired(op, "", err)
 	}
 	for attempt := 0; ; attempt++ {
-		lease, err := l.anyAttempt(ctx, op, keys, names, byKey)
+		le, err := l.anyAttempt(ctx, op, keys, names, byKey)
 		if err == nil || attempt >= maxTryAttempts || !errors.Is(err, errRetry) {
 			if errors.Is(err, errRetry) {
-				err = &sqllock.Error{Op: op, Dialect: l.dialect, Kind: sqllock.ErrNotAcquired, Err: errors.Unwrap(err)}
+				err = lease.NewError(op, l.dialect, "", sqllock.ErrNotAcquired, errors.Unwrap(err))
 			}
-			return lease, err
+			return le, err
 		}
 	}
 }
@@ -333,8 +358,7 @@ func (l *Locker) check(op, name string, opts []sqllock.AcquireOption) error {
 		return err
 	}
 	if cfg.Owner != "" || cfg.TTL != 0 {
-		return &sqllock.Error{Op: op, Dialect: l.dialect, Name: name, Kind: sqllock.ErrInvalidOption,
-			Err: errors.New("forupdate locks support neither WithOwner nor WithTTL")}
+		return lease.NewError(op, l.dialect, name, sqllock.ErrInvalidOption, errors.New("forupdate locks support neither WithOwner nor WithTTL"))
 	}
 	return nil
 }
@@ -350,7 +374,7 @@ func ended(ctx context.Context) bool {
 }
 
 func (l *Locker) notAcquired(op, name string, cause error) error {
-	return &sqllock.Error{Op: op, Dialect: l.dialect, Name: name, Kind: sqllock.ErrNotAcquired, Err: cause}
+	return lease.NewError(op, l.dialect, name, sqllock.ErrNotAcquired, cause)
 }
 
 // acquireLoop makes attempts until one holds the lock, the lock is busy (modeTry), ctx
@@ -360,9 +384,9 @@ func (l *Locker) acquireLoop(ctx context.Context, op, name string, m mode, grant
 	key := namekey.Key(name)
 	var conflicts, lostSessions int
 	for {
-		lease, err := l.attempt(ctx, op, name, key, m, granted)
+		le, err := l.attempt(ctx, op, name, key, m, granted)
 		if err == nil {
-			return lease, nil
+			return le, nil
 		}
 		if ended(ctx) && !errors.Is(err, sqllock.ErrInvalidName) {
 			// Whatever happened, ctx ended during the attempt: report that.
@@ -375,7 +399,7 @@ func (l *Locker) acquireLoop(ctx context.Context, op, name string, m mode, grant
 		if sqlerr.Is(cause, sqlerr.SessionLost) {
 			// A dead pooled connection: database/sql discards it; take another.
 			if lostSessions++; lostSessions > 3 {
-				return nil, &sqllock.Error{Op: op, Dialect: l.dialect, Name: name, Err: cause}
+				return nil, lease.NewError(op, l.dialect, name, nil, cause)
 			}
 			continue
 		}
@@ -418,26 +442,45 @@ func (l *Locker) newTarget(ctx context.Context, conn *sql.Conn) (waitTarget, err
 	return t, err
 }
 
+// boundStart is when a lease's server-enforced bound is known to run from, on the
+// client, given that its last statement before the lease was sent at sent and
+// answered now: sent, unless the statement waited (for the row lock) long enough to
+// matter, and then now, on the assumption that a reply travels faster than the
+// safety margin.
+func (l *Locker) boundStart(sent time.Time) time.Time {
+	if time.Since(sent) > l.cfg.Timing.Interval/4 {
+		return time.Now()
+	}
+	return sent
+}
+
 // grant is what a successful locking read returns.
 type grant struct {
 	sid   int64     // session id
 	token int64     // fencing token, 0 WithoutToken
-	since time.Time // PostgreSQL: the transaction's start, for the keepalive
+	since time.Time // PostgreSQL: the transaction's start, for the keepalive; MySQL: the grant
+	at    time.Time // when the lease's bound starts on the client: see lockRow
 }
 
-// attempt makes one acquisition attempt on a fresh pooled connection.
+// attempt makes one acquisition attempt on a pooled connection whose session carries
+// the bound.
 func (l *Locker) attempt(ctx context.Context, op, name string, key []byte, m mode, granted func()) (lease *Lease, err error) {
-	conn, err := l.db.Conn(ctx)
+	conn, err := l.pins.Get(ctx)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, err
 		}
-		return nil, &sqllock.Error{Op: op, Dialect: l.dialect, Name: name, Err: err}
+		return nil, l.classify(op, name, err)
 	}
 	keep, discard := false, false
 	defer func() {
-		if !keep {
-			interrupt.Release(conn, discard)
+		if keep {
+			return
+		}
+		if discard {
+			l.pins.Discard(conn)
+		} else {
+			l.pins.Put(conn)
 		}
 	}()
 	target, err := l.newTarget(ctx, conn)
@@ -455,7 +498,7 @@ func (l *Locker) attempt(ctx context.Context, op, name string, key []byte, m mod
 		discard = discard || dirty
 		if err == nil && !discard {
 			keep = true
-			return l.newLease(name, g, conn, tx), nil
+			return l.newLease(name, key, g, conn, tx, target, g.at), nil
 		}
 		// Whatever failed, end the whole transaction: on MySQL a lock wait timeout
 		// rolls back only the statement, and a missing row may have left a gap lock.
@@ -496,7 +539,7 @@ func (l *Locker) classify(op, name string, err error) error {
 	case sqlerr.Deadlock, sqlerr.Serialization, sqlerr.Duplicate, sqlerr.LockTimeout, sqlerr.Canceled, sqlerr.SessionLost:
 		return retryErr{err}
 	}
-	return &sqllock.Error{Op: op, Dialect: l.dialect, Name: name, Err: err}
+	return lease.NewError(op, l.dialect, name, nil, err)
 }
 
 // lockRow takes the row lock of key in tx, then, unless WithoutToken, draws the new
@@ -517,33 +560,37 @@ func (l *Locker) lockRow(ctx context.Context, tx *sql.Tx, target waitTarget, key
 	}
 	// Statements that do not wait get ctx; the waiting one runs under watched.
 	nctx := context.WithoutCancel(ctx)
+	sent := time.Now()
 	if l.dialect == sqllock.Postgres {
 		g.sid = target.pid
 		bump := pgBump
 		switch {
 		case m == modeTry:
-			err = tx.QueryRowContext(ctx, pgTry, key).Scan(&g.since)
+			err = tx.QueryRowContext(ctx, l.pg.try, key).Scan(&g.since)
 		case !hasDeadline:
 			dirty, err = l.watched(ctx, target, false, func(qctx context.Context) error {
-				return tx.QueryRowContext(qctx, pgLock, key).Scan(&g.since)
+				return tx.QueryRowContext(qctx, l.pg.lock, key).Scan(&g.since)
 			})
 		default:
 			timeout := fmt.Sprintf("%dms", time.Until(deadline).Milliseconds()+1)
 			dirty, err = l.watched(ctx, target, true, func(qctx context.Context) error {
 				if l.cfg.noToken {
 					var reset string
-					return tx.QueryRowContext(qctx, pgLockTimeoutReset, key, timeout).Scan(&g.since, &reset)
+					return tx.QueryRowContext(qctx, l.pg.lockTimeoutReset, key, timeout).Scan(&g.since, &reset)
 				}
-				return tx.QueryRowContext(qctx, pgLockTimeout, key, timeout).Scan(&g.since)
+				return tx.QueryRowContext(qctx, l.pg.lockTimeout, key, timeout).Scan(&g.since)
 			})
 			bump = pgBumpReset
 		}
+		g.at = l.boundStart(sent)
 		if err = l.locked(ctx, err, dirty, granted); err != nil || l.cfg.noToken {
 			return g, dirty, err
 		}
+		g.at = time.Now()
 		err = tx.QueryRowContext(nctx, bump, key).Scan(&g.token)
 		return g, false, err
 	}
+	g.since = sent
 	if m == modeTry {
 		err = tx.QueryRowContext(ctx, fmt.Sprintf(myTryFmt, hexLit(key))).Scan(&g.sid)
 	} else {
@@ -555,9 +602,11 @@ func (l *Locker) lockRow(ctx context.Context, tx *sql.Tx, target waitTarget, key
 			return tx.QueryRowContext(qctx, query).Scan(&g.sid)
 		})
 	}
+	g.at = l.boundStart(sent)
 	if err = l.locked(ctx, err, dirty, granted); err != nil || l.cfg.noToken {
 		return g, dirty, err
 	}
+	g.at = time.Now()
 	g.token, err = myReplace(nctx, tx, key, name)
 	return g, false, err
 }
@@ -637,11 +686,11 @@ const tryCreateWait = 500 * time.Millisecond
 func (l *Locker) watched(ctx context.Context, target waitTarget, serverBound bool, stmt func(qctx context.Context) error) (dirty bool, err error) {
 	l.inDB.Add(1)
 	defer l.inDB.Add(-1)
-	return interrupt.Interrupter{DB: l.db, Logger: l.cfg.logger}.Run(ctx, interrupt.Target{
+	return interrupt.Interrupter{DB: l.db, Logger: l.cfg.Logger}.Run(ctx, interrupt.Target{
 		PgConn: target.pgc,
 		Kill: func(ctx context.Context, conn *sql.Conn) error {
 			// Not found: the statement has not started waiting yet, or has returned.
-			_, err := cancelOn(ctx, conn, l.dialect, target.pid, target.marker)
+			_, err := l.cancelOn(ctx, conn, target.pid, target.marker)
 			return err
 		},
 		Label: target.marker,
@@ -650,17 +699,22 @@ func (l *Locker) watched(ctx context.Context, target waitTarget, serverBound boo
 
 // anyAttempt makes one TryAcquireAny attempt.
 func (l *Locker) anyAttempt(ctx context.Context, op string, keys [][]byte, names []string, byKey map[string]string) (*Lease, error) {
-	conn, err := l.db.Conn(ctx)
+	conn, err := l.pins.Get(ctx)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, l.notAcquired(op, "", ctx.Err())
 		}
-		return nil, &sqllock.Error{Op: op, Dialect: l.dialect, Err: err}
+		return nil, lease.NewError(op, l.dialect, "", nil, err)
 	}
 	keep, discard := false, false
 	defer func() {
-		if !keep {
-			interrupt.Release(conn, discard)
+		if keep {
+			return
+		}
+		if discard {
+			l.pins.Discard(conn)
+		} else {
+			l.pins.Put(conn)
 		}
 	}()
 	fail := func(err error) (*Lease, error) {
@@ -694,9 +748,10 @@ func (l *Locker) anyAttempt(ctx context.Context, op string, keys [][]byte, names
 		}
 		var key []byte
 		var g grant
+		g.at, g.since = time.Now(), time.Now()
 		if l.dialect == sqllock.Postgres {
 			g.sid = target.pid
-			err = tx.QueryRowContext(ctx, pgAny, keys).Scan(&key, &g.since)
+			err = tx.QueryRowContext(ctx, l.pg.any, keys).Scan(&key, &g.since)
 			if err == nil && !l.cfg.noToken {
 				err = tx.QueryRowContext(ctx, pgBump, key).Scan(&g.token)
 			}
@@ -710,7 +765,7 @@ func (l *Locker) anyAttempt(ctx context.Context, op string, keys [][]byte, names
 		}
 		if err == nil && ctx.Err() == nil {
 			keep = true
-			return l.newLease(byKey[string(key)], g, conn, tx), nil
+			return l.newLease(byKey[string(key)], key, g, conn, tx, target, g.at), nil
 		}
 		tx.Rollback()
 		if !errors.Is(err, sql.ErrNoRows) {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/sqllock/sqllock"
+	"github.com/sqllock/sqllock/internal/namekey"
 	"github.com/sqllock/sqllock/testdb"
 )
 
@@ -44,7 +45,7 @@ func TestKeepaliveSessionIdentity(t *testing.T) {
 	if err := later.QueryRowContext(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
 		t.Fatal(err)
 	}
-	lease := l.newLease("reused-pid", grant{sid: pid, since: since}, conn, tx)
+	lease := l.newLease("reused-pid", namekey.Key("reused-pid"), grant{sid: pid, since: since}, conn, tx, waitTarget{}, time.Now())
 	defer lease.Rollback(ctx)
 	select {
 	case <-lease.Done():

@@ -5,13 +5,22 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/sqllock/sqllock"
-	"github.com/sqllock/sqllock/internal/leasestate"
+	"github.com/sqllock/sqllock/internal/lease"
 	"github.com/sqllock/sqllock/internal/sqlerr"
 )
+
+// ErrCommitUnknown reports that Release sent COMMIT but cannot tell whether the
+// database committed (its context ended, or the connection broke, before the reply),
+// or, on MySQL, that its context ended before the check it makes before COMMIT got a
+// reply (COMMIT was not sent, but the transaction may have committed early). The lock
+// is free either way. Lease.Token tells: the transaction committed if and
+// only if Locker.CommittedToken returns the lease's token (with tokens enabled).
+var ErrCommitUnknown = errors.New("sqllock/forupdate: commit outcome unknown")
 
 // Lease is a held forupdate lock: an open transaction on one pooled connection that
 // holds the row lock of its name. Release commits the transaction, and with it every
@@ -21,30 +30,32 @@ import (
 type Lease struct {
 	l       *Locker
 	name    string
+	key     []byte
 	token   int64
 	session int64
-	since   time.Time // PostgreSQL: a time the session was alive (see pgAlive)
+	since   time.Time // PostgreSQL: the transaction's start (now()); MySQL: the grant
 	conn    *sql.Conn
 	tx      *sql.Tx
-	st      *leasestate.State
-
-	mu    sync.Mutex // serialises the end of the transaction
-	ended bool
-
-	stop   context.CancelFunc // stops the keepalive, and cancels a check under way
-	exited chan struct{}      // closed when the keepalive returned
+	target  waitTarget
+	core    *lease.Lease
+	commit  bool // set by Release (true) or Rollback (false) before the core's Release
 }
 
 var _ sqllock.Lease = (*Lease)(nil)
 
-func (l *Locker) newLease(name string, g grant, conn *sql.Conn, tx *sql.Tx) *Lease {
-	kctx, stop := context.WithCancel(context.Background())
-	lease := &Lease{
-		l: l, name: name, token: g.token, session: g.sid, since: g.since, conn: conn, tx: tx,
-		st: leasestate.New(), stop: stop, exited: make(chan struct{}),
+func (l *Locker) newLease(name string, key []byte, g grant, conn *sql.Conn, tx *sql.Tx, target waitTarget, granted time.Time) *Lease {
+	s := &Lease{
+		l: l, name: name, key: key, token: g.token, session: g.sid, since: g.since,
+		conn: conn, tx: tx, target: target,
 	}
-	go lease.keepalive(kctx)
-	return lease
+	s.core = lease.Prepare(keeper{s}, lease.Params{
+		Timing:  l.cfg.Timing,
+		Granted: granted,
+		Label:   lease.Label{Strategy: "forupdate", Dialect: l.dialect, Name: name},
+		Log:     l.cfg.Logger,
+	})
+	s.core.Run()
+	return s
 }
 
 // Name returns the lock name.
@@ -58,7 +69,9 @@ func (s *Lease) Name() string { return s.name }
 func (s *Lease) Token() int64 { return s.token }
 
 // Tx returns the transaction that holds the lock. Do the protected work through it:
-// it commits with Release. Do not call its Commit or Rollback; use the lease's.
+// it commits with Release. Do not call its Commit or Rollback; use the lease's. Do
+// not run statements that end the transaction (COMMIT, ROLLBACK, DDL and LOCK TABLES
+// on MySQL): they free the lock early, and the lease reports ErrLost.
 func (s *Lease) Tx() *sql.Tx { return s.tx }
 
 // SessionID returns the id of the database session holding the lock: the backend
@@ -66,101 +79,295 @@ func (s *Lease) Tx() *sql.Tx { return s.tx }
 // (CONNECTION_ID()). For diagnostics and fault tests.
 func (s *Lease) SessionID() int64 { return s.session }
 
-// Done is closed when the lease was released, rolled back or lost.
-func (s *Lease) Done() <-chan struct{} { return s.st.Done() }
+// Done is closed when the lease was released, rolled back or lost. A passed local
+// deadline closes it at once, whoever looks first.
+func (s *Lease) Done() <-chan struct{} { return s.core.Done() }
 
-// Err returns nil while the lease is held, an error matching sqllock.ErrLost once its
-// session is known to be gone, and one matching sqllock.ErrNotHeld after Release or
-// Rollback.
-func (s *Lease) Err() error { return s.st.Err() }
+// Err returns nil while the lease is held, an error matching sqllock.ErrLost once it
+// is lost, and one matching sqllock.ErrNotHeld after Release or Rollback.
+func (s *Lease) Err() error { return s.core.Err() }
 
 // Release commits the transaction, and so the work done in Tx together with the new
-// token, which frees the lock. It returns an error matching sqllock.ErrLost if the
-// session was lost (nothing was committed), or an *sqllock.Error carrying the COMMIT's
-// error if the commit failed otherwise (a deferred constraint, a serialization
-// failure: nothing was committed, the lock is free). Later calls return nil, or
-// ErrLost again.
-//
-// ctx is not used: database/sql gives COMMIT no context, and Release commits even if
-// ctx has ended, because a caller whose context ended after its work was done must
-// not lose that work silently. To discard the work, call Rollback.
-func (s *Lease) Release(ctx context.Context) error { return s.end("release", true) }
+// token, which frees the lock. It first checks that the transaction is still the
+// lease's (on MySQL a DDL statement, LOCK TABLES, or InnoDB rolling back a deadlock
+// victim ends it early, which frees the lock): if not, it rolls back whatever ran
+// since and returns an error matching sqllock.ErrLost, as it does when the lease was
+// lost before. A COMMIT that fails with a deadlock or certification failure (a
+// Galera cluster) also reports ErrLost; another failure of COMMIT (a deferred
+// constraint, a serialization failure) returns an *sqllock.Error carrying it, and
+// nothing was committed. If the reply to COMMIT (on MySQL, or to the check before it)
+// does not come before ctx ends (or the connection breaks meanwhile) the error matches
+// ErrCommitUnknown: the session is ended (which takes up to a second more when the
+// database cannot be reached), and whether the work committed is told by the token. Release commits even
+// if ctx has ended when it is called (bounded by its own short timeout), because a
+// caller whose context ended after its work was done must not lose that work
+// silently; to discard the work, call Rollback. Later calls return nil.
+func (s *Lease) Release(ctx context.Context) error {
+	s.commit = true
+	return s.core.Release(ctx)
+}
 
 // Rollback rolls the transaction back, discarding the work done in Tx, and frees the
-// lock. Like Release it is safe to call more than once, and after Release; ctx is not
-// used.
-func (s *Lease) Rollback(ctx context.Context) error { return s.end("rollback", false) }
+// lock. Like Release it is safe to call more than once, and after Release.
+func (s *Lease) Rollback(ctx context.Context) error { return s.core.Release(ctx) }
 
-func (s *Lease) lostErr(op string, cause error) error {
-	return &sqllock.Error{Op: op, Dialect: s.l.dialect, Name: s.name, Kind: sqllock.ErrLost, Err: cause}
+// keeper is the lease's side of the lease core.
+type keeper struct{ s *Lease }
+
+// KeepAlive checks that the lease's transaction is still open on its session, from
+// another pooled connection (so that it never interferes with statements the caller
+// runs in Tx), and how long the server-enforced bound has left:
+//
+//   - PostgreSQL: pg_stat_activity shows the session (pid, and a backend_start no
+//     later than the transaction, so a reused pid is not taken for it) in the
+//     lease's transaction (xact_start). While it runs a statement the bound is not
+//     running; while it is idle, the transaction is touched through its own
+//     connection if the driver is pgx and nothing of the caller's is under way
+//     (which restarts idle_in_transaction_session_timeout), and otherwise the bound
+//     left is TTL less the time it has been idle.
+//   - MySQL: the processlist shows the session; a Sleep of TIME seconds leaves TTL
+//     less that much of wait_timeout (statements of the caller are the only touch:
+//     see the package documentation). The server's uptime tells a restart (whose
+//     new session ids may reuse the lease's), and a committed token at least the
+//     lease's tells a transaction committed early.
+func (k keeper) KeepAlive(ctx context.Context) (time.Duration, error) {
+	s := k.s
+	if s.l.dialect == sqllock.Postgres {
+		return s.pgKeepAlive(ctx)
+	}
+	return s.myKeepAlive(ctx)
 }
 
-func (s *Lease) end(op string, commit bool) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.ended {
-		if err := s.st.Err(); errors.Is(err, sqllock.ErrLost) {
+func (s *Lease) pgKeepAlive(ctx context.Context) (time.Duration, error) {
+	var (
+		state, waitEvent sql.NullString
+		idleUS           int64
+	)
+	err := s.l.db.QueryRowContext(ctx, pgActivity, s.session, s.since).Scan(&state, &waitEvent, &idleUS)
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, lease.Gonef("session %d or its transaction ended", s.session)
+	}
+	if err != nil {
+		return 0, err
+	}
+	ttl := s.l.cfg.Timing.TTL
+	switch {
+	case state.String == "active" && waitEvent.String == "ClientWrite":
+		// Blocked sending to the client: tcp_user_timeout may be running.
+		return 0, errors.New("session is blocked sending to the client")
+	case state.String == "active":
+		return ttl, nil // the bound runs only while the session is idle
+	}
+	idle := time.Duration(idleUS) * time.Microsecond
+	if s.touch(ctx) {
+		return ttl, nil
+	}
+	return ttl - idle, nil
+}
+
+// touch runs a statement in the lease's transaction, through pgx, if the connection
+// is not busy with a statement or result of the caller's. It reports whether it did
+// and the transaction is the lease's. It waits for the connection at most touchWait
+// (a statement of the caller's that starts meanwhile holds it).
+func (s *Lease) touch(ctx context.Context) bool {
+	res := make(chan bool, 1)
+	go func() {
+		ok := false
+		s.conn.Raw(func(dc any) error {
+			p, isPgx := dc.(pgxConn)
+			if !isPgx || p.Conn() == nil || p.Conn().PgConn().IsBusy() {
+				return nil
+			}
+			var now time.Time
+			tctx, cancel := context.WithTimeout(context.Background(), touchWait)
+			defer cancel()
+			err := p.Conn().QueryRow(tctx, "SELECT now()").Scan(&now)
+			// An aborted transaction (25P02) still holds its locks until ROLLBACK, and
+			// the statement restarted its idle timer too.
+			ok = (err == nil && now.Equal(s.since)) || sqlerr.IsCode(err, "25P02")
+			return nil
+		})
+		res <- ok
+	}()
+	t := time.NewTimer(touchWait)
+	defer t.Stop()
+	select {
+	case ok := <-res:
+		return ok
+	case <-t.C:
+		return false // the goroutine finishes when the caller's statement does
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// touchWait bounds a touch.
+const touchWait = time.Second
+
+// pgxConn is a driver connection that exposes its *pgx.Conn (pgx's stdlib).
+type pgxConn interface{ Conn() *pgx.Conn }
+
+func (s *Lease) myKeepAlive(ctx context.Context) (time.Duration, error) {
+	var (
+		command sql.NullString
+		secs    sql.NullInt64
+		state   sql.NullString
+		uptime  sql.NullInt64
+		token   sql.NullInt64
+	)
+	err := s.l.db.QueryRowContext(ctx, s.l.myStmts(ctx).activity, s.key, s.session).Scan(&command, &secs, &state, &uptime, &token)
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, lease.Gonef("session %d ended", s.session)
+	}
+	if err != nil {
+		return 0, err
+	}
+	if uptime.Valid && time.Duration(uptime.Int64)*time.Second < time.Since(s.since)-time.Second {
+		return 0, lease.Gonef("the server restarted (uptime %ds): session %d is gone", uptime.Int64, s.session)
+	}
+	if !s.l.cfg.noToken && token.Valid && token.Int64 >= s.token {
+		return 0, lease.Gonef("the lock transaction committed early (a DDL statement or LOCK TABLES in it?): committed token %d", token.Int64)
+	}
+	ttl := time.Duration(myBoundSeconds(s.l.cfg.Timing.TTL)) * time.Second
+	if command.String == "Sleep" {
+		// TIME is whole seconds, rounded down: the session may have been idle up to a
+		// second longer.
+		return ttl - time.Duration(secs.Int64+1)*time.Second, nil
+	}
+	if sending(state.String) {
+		return 0, fmt.Errorf("session is sending to the client (%s)", state.String)
+	}
+	return ttl, nil
+}
+
+// GiveBack ends the transaction: COMMIT for Release (after checking on MySQL that the
+// transaction is still the lease's), ROLLBACK for Rollback and after a loss.
+func (k keeper) GiveBack(ctx context.Context, lost bool) error {
+	s := k.s
+	if lost || !s.commit {
+		return s.rollback(ctx, lost)
+	}
+	if s.l.dialect == sqllock.MySQL {
+		if err := s.myStillOpen(ctx); err != nil {
+			s.rollback(ctx, true)
 			return err
 		}
+	}
+	err := s.bounded(ctx, s.tx.Commit)
+	switch {
+	case err == nil:
+		s.l.pins.Put(s.conn)
 		return nil
+	case errors.Is(err, errCommitTimeout):
+		// bounded discards the connection once COMMIT returns.
+		return s.core.Label().Err("release", ErrCommitUnknown, err)
+	case sqlerr.Is(err, sqlerr.SessionLost):
+		s.l.pins.Discard(s.conn)
+		return s.core.Label().Err("release", ErrCommitUnknown, err)
+	case sqlerr.Is(err, sqlerr.Deadlock):
+		// A deadlock or certification failure at COMMIT: rolled back, the lock was
+		// not held as a lock should be.
+		s.l.pins.Discard(s.conn)
+		return lease.Gone(fmt.Errorf("COMMIT failed, nothing was committed: %w", err))
 	}
-	s.ended = true
-	// A keepalive check under way may wait for a pooled connection: cancel it rather
-	// than hold the lock until it gives up.
-	s.stop()
-	<-s.exited
-	defer s.conn.Close()
-
-	if err := s.st.Err(); errors.Is(err, sqllock.ErrLost) {
-		s.tx.Rollback()
-		return err
-	}
-	var err error
-	if commit {
-		err = s.tx.Commit()
-	} else {
-		err = s.tx.Rollback()
-	}
-	if err != nil && sqlerr.Is(err, sqlerr.SessionLost) {
-		lost := s.lostErr(op, err)
-		s.st.End(lost)
-		return lost
-	}
-	s.st.End(&sqllock.Error{Op: op, Dialect: s.l.dialect, Name: s.name, Kind: sqllock.ErrNotHeld})
-	if err != nil && !(commit == false && errors.Is(err, sql.ErrTxDone)) {
-		return &sqllock.Error{Op: op, Dialect: s.l.dialect, Name: s.name, Err: err}
-	}
-	return nil
+	s.l.pins.Discard(s.conn)
+	return s.core.Label().Err("release", nil, fmt.Errorf("COMMIT failed, nothing was committed: %w", err))
 }
 
-// keepalive checks every interval, from another pooled connection, that the
-// lease's session still exists, and ends the lease with ErrLost when it does not. A
-// check that fails (for example because the pool is exhausted) proves nothing and is
-// only logged.
-func (s *Lease) keepalive(kctx context.Context) {
-	defer close(s.exited)
-	t := time.NewTicker(s.l.cfg.keepalive)
-	defer t.Stop()
-	for {
-		select {
-		case <-kctx.Done():
-			return
-		case <-t.C:
-		}
-		ctx, cancel := context.WithTimeout(kctx, s.l.cfg.keepalive)
-		alive, err := sessionAlive(ctx, s.l.db, s.l.dialect, s.session, s.since)
-		cancel()
-		switch {
-		case kctx.Err() != nil:
-			return
-		case err != nil:
-			s.l.cfg.logger.Warn("sqllock/forupdate: keepalive check failed", "name", s.name, "session", s.session, "err", err)
-		case !alive:
-			s.l.cfg.logger.Warn("sqllock/forupdate: lock lost: session is gone", "name", s.name, "session", s.session)
-			s.st.End(s.lostErr("keepalive", fmt.Errorf("session %d is gone", s.session)))
-			return
-		}
+// rollback rolls back, bounded by ctx, and returns the connection (discarding the
+// session if anything is in doubt).
+func (s *Lease) rollback(ctx context.Context, doubtful bool) error {
+	err := s.bounded(ctx, s.tx.Rollback)
+	if err != nil && errors.Is(err, sql.ErrTxDone) {
+		err = nil
 	}
+	switch {
+	case errors.Is(err, errCommitTimeout):
+		// bounded discards the connection once ROLLBACK returns.
+	case err != nil || doubtful:
+		s.l.pins.Discard(s.conn)
+	default:
+		s.l.pins.Put(s.conn)
+	}
+	if err != nil && sqlerr.Is(err, sqlerr.SessionLost) {
+		return lease.Gone(fmt.Errorf("session lost: %w", err))
+	}
+	return nil // the lock is free with the transaction, or with the discarded session
+}
+
+var errCommitTimeout = errors.New("no reply before the context ended")
+
+// bounded runs end (the transaction's Commit or Rollback, which take no context) and
+// returns when it returns or when ctx ends. In the latter case the session is broken
+// from outside so that the server ends the transaction, and errCommitTimeout is
+// returned; end itself returns when the connection fails, and the connection is
+// discarded then, in the background: discarding it waits for end, and on MySQL,
+// whose socket cannot be closed from here, end is stuck until the server's kill
+// reaches the client or TCP gives up (hours, if the replies are lost in the network).
+func (s *Lease) bounded(ctx context.Context, end func() error) error {
+	res := make(chan error, 1)
+	go func() { res <- end() }()
+	select {
+	case err := <-res:
+		return err
+	case <-ctx.Done():
+	}
+	s.breakSession()
+	go func() {
+		<-res
+		s.l.pins.Discard(s.conn)
+	}()
+	return fmt.Errorf("%w: %w", errCommitTimeout, ctx.Err())
+}
+
+// breakSession ends the lease's session on the server and, where the driver lets us,
+// closes its socket, so that a statement stuck on it returns.
+func (s *Lease) breakSession() {
+	if s.target.pgc != nil {
+		s.target.pgc.Conn().Close() // the socket: the stuck read returns at once
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	q := "SELECT pg_terminate_backend(" + fmt.Sprint(s.session) + ")"
+	if s.l.dialect == sqllock.MySQL {
+		q = "KILL " + fmt.Sprint(s.session)
+	}
+	if _, err := s.l.db.ExecContext(ctx, q); err != nil {
+		s.l.cfg.Logger.Debug("sqllock/forupdate: could not end the session of a stuck COMMIT", "session", s.session, "err", err)
+	}
+}
+
+// myStillOpen checks, on the lease's own session, that its transaction was not ended
+// early by the server (DDL, LOCK TABLES, a deadlock or lock wait timeout rollback),
+// which would have freed the lock. MariaDB tells it (@@in_transaction). On MySQL a
+// locking read of the lock row that does not wait shows it: another holder makes it
+// fail, and without the lease's uncommitted token (WithoutToken aside) the
+// transaction is not the lease's.
+func (s *Lease) myStillOpen(ctx context.Context) error {
+	var open sql.NullInt64
+	var tok sql.NullInt64
+	err := s.tx.QueryRowContext(ctx, s.l.myStmts(ctx).stillOpen(s.key)).Scan(&tok, &open)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return lease.Gonef("the lock row is gone")
+	case sqlerr.Is(err, sqlerr.LockTimeout):
+		return lease.Gonef("the lock transaction ended early and another client holds the lock now")
+	case err != nil && ctx.Err() != nil:
+		// No reply before ctx ended: COMMIT is not sent, but whether the transaction
+		// had already ended, and committed, early is what the check would have told.
+		return s.core.Label().Err("release", ErrCommitUnknown,
+			fmt.Errorf("the check before COMMIT got no reply (COMMIT not sent): %w", err))
+	case err != nil:
+		if sqlerr.Is(err, sqlerr.SessionLost) {
+			return lease.Gone(fmt.Errorf("session lost: %w", err))
+		}
+		return s.core.Label().Err("release", nil, err)
+	case open.Valid && open.Int64 == 0:
+		return lease.Gonef("the lock transaction ended early (a DDL statement, LOCK TABLES, a deadlock or lock wait timeout rollback)")
+	case !s.l.cfg.noToken && tok.Int64 != s.token:
+		return lease.Gonef("the lock transaction ended early (the row shows token %d, not the lease's %d)", tok.Int64, s.token)
+	}
+	return nil
 }
 
 // run runs fn in the lease's transaction and ends the lease: commit if fn returned

@@ -15,6 +15,7 @@ import (
 
 	"github.com/sqllock/sqllock"
 	"github.com/sqllock/sqllock/internal/interrupt"
+	"github.com/sqllock/sqllock/internal/pin"
 	"github.com/sqllock/sqllock/internal/sqlerr"
 )
 
@@ -26,24 +27,26 @@ import (
 const (
 	// The PostgreSQL locking reads return now(), the start of the transaction: a time
 	// at which the session was alive, against which the keepalive compares
-	// backend_start to tell the session from a later one that reuses its pid.
-	pgLock = `SELECT now() FROM sqllock_rowlock WHERE lock_key = $1 FOR UPDATE`
-	// pgLockTimeout is pgLock with a lock_timeout of $2 set for the rest of the
+	// backend_start and xact_start. They also set the transaction's server-enforced
+	// bound, transaction-locally (put back by COMMIT or ROLLBACK): %[1]s stands for
+	// boundNow (see pgStatements).
+	pgLockFmt = `SELECT %[1]s FROM sqllock_rowlock WHERE lock_key = $1 FOR UPDATE`
+	// pgLockTimeoutFmt is pgLock with a lock_timeout of $2 set for the rest of the
 	// transaction before the wait starts: set_config in the row filter is volatile,
 	// so it runs for the matching row, before the row is locked. pgBumpReset puts the
 	// session's value back.
-	pgLockTimeout = `SELECT now() FROM sqllock_rowlock WHERE lock_key = $1
+	pgLockTimeoutFmt = `SELECT %[1]s FROM sqllock_rowlock WHERE lock_key = $1
 AND set_config('lock_timeout', $2, true) IS NOT NULL FOR UPDATE`
-	// pgLockTimeoutReset is pgLockTimeout for leases without a token: the outer
+	// pgLockTimeoutResetFmt is pgLockTimeout for leases without a token: the outer
 	// target list runs on the rows that come out of the locking subquery, so once the
 	// row lock is held, and puts the session's lock_timeout back in the same statement.
-	pgLockTimeoutReset = `SELECT now(), set_config('lock_timeout',
+	pgLockTimeoutResetFmt = `SELECT %[1]s, set_config('lock_timeout',
 (SELECT reset_val FROM pg_settings WHERE name = 'lock_timeout'), true)
 FROM (SELECT 1 FROM sqllock_rowlock WHERE lock_key = $1
 AND set_config('lock_timeout', $2, true) IS NOT NULL FOR UPDATE) l`
-	pgTry = `SELECT now() FROM sqllock_rowlock WHERE lock_key = $1 FOR UPDATE NOWAIT`
-	// pgAny takes the first free row of $1, in the order given, skipping locked rows.
-	pgAny = `SELECT lock_key, now() FROM sqllock_rowlock WHERE lock_key = ANY($1)
+	pgTryFmt = `SELECT %[1]s FROM sqllock_rowlock WHERE lock_key = $1 FOR UPDATE NOWAIT`
+	// pgAnyFmt takes the first free row of $1, in the order given, skipping locked rows.
+	pgAnyFmt = `SELECT lock_key, %[1]s FROM sqllock_rowlock WHERE lock_key = ANY($1)
 ORDER BY array_position($1, lock_key) LIMIT 1 FOR UPDATE SKIP LOCKED`
 	pgBump = `UPDATE sqllock_rowlock SET token = nextval('sqllock_rowlock_token_seq'),
 acquired_at = clock_timestamp() WHERE lock_key = $1 RETURNING token`
@@ -56,15 +59,19 @@ RETURNING token`
 VALUES ($1, $2, nextval('sqllock_rowlock_token_seq')) ON CONFLICT (lock_key) DO NOTHING`
 	pgCancel = `SELECT pg_cancel_backend($1)`
 	pgPID    = `SELECT pg_backend_pid()`
-	// pgAlive finds session $1 only if it started no later than $2, a time at which
-	// the lease's session was alive: a later session that reuses the pid is not it.
-	pgAlive = `SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND backend_start <= $2`
+	// pgActivity finds session $1 in the lease's transaction (xact_start = $2, the
+	// transaction's now()) only if it started no later than that transaction: a later
+	// session that reuses the pid is not it. It returns the state, the wait event and
+	// how long (µs) the state has lasted.
+	pgActivity = `SELECT state, wait_event,
+  floor(extract(epoch FROM (clock_timestamp() - state_change)) * 1000000)::bigint
+FROM pg_stat_activity WHERE pid = $1 AND backend_start <= $2 AND xact_start = $2`
 
 	// The MySQL locking reads return the session id, and carry a marker comment
-	// (%s) by which a waiting statement is found in the PROCESSLIST to be
+	// (%s) by which a waiting statement is found in the processlist to be
 	// interrupted; the connection id is not known before the statement returns.
 	// Statements that may wait start with "SELECT " or "INSERT " so that
-	// serverWaitBound can give them a server-side lock wait timeout.
+	// serverWaitBound can give them a server-side bound.
 	myLockFmt = `SELECT /* %s */ CONNECTION_ID() FROM sqllock_rowlock WHERE lock_key = %s FOR UPDATE`
 	myTryFmt  = `SELECT CONNECTION_ID() FROM sqllock_rowlock WHERE lock_key = %s FOR UPDATE NOWAIT`
 	// myAnyFmt has no ORDER BY: InnoDB would lock every row it reads for the sort,
@@ -81,11 +88,80 @@ LIMIT 1 FOR UPDATE SKIP LOCKED`
 	// A duplicate key (1062) means the row exists: the goal. INSERT IGNORE is not
 	// used because it also hides truncation and other errors.
 	myCreateFmt = `INSERT /* %s */ INTO sqllock_rowlock (lock_key, name) VALUES (?, ?)`
-	myFind      = `SELECT ID FROM information_schema.PROCESSLIST WHERE INFO LIKE ? AND ID <> CONNECTION_ID()`
-	myCancel    = `KILL QUERY ?`
-	mySession   = `SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = ?`
 	myVersion   = `SELECT VERSION()`
+	myCommitted = `SELECT token FROM sqllock_rowlock WHERE lock_key = ?`
 )
+
+// pgStatements are the PostgreSQL locking reads of a Locker whose transactions are
+// bounded by ttl.
+type pgStatements struct {
+	lock, lockTimeout, lockTimeoutReset, try, any string
+}
+
+// newPgStatements builds them. boundNow is now(), computed once the settings that
+// bound the transaction are in place: idle_in_transaction_session_timeout (the
+// server ends a transaction idle for longer) and tcp_user_timeout (and a session
+// whose client stopped acknowledging), both transaction-local.
+func newPgStatements(ttl time.Duration) pgStatements {
+	ms := "'" + pin.Millis(ttl) + "'"
+	boundNow := "(CASE WHEN set_config('idle_in_transaction_session_timeout', " + ms + ", true) || " +
+		"set_config('tcp_user_timeout', " + ms + ", true) IS NOT NULL THEN now() END)"
+	f := func(format string) string { return fmt.Sprintf(format, boundNow) }
+	return pgStatements{
+		lock: f(pgLockFmt), lockTimeout: f(pgLockTimeoutFmt), lockTimeoutReset: f(pgLockTimeoutResetFmt),
+		try: f(pgTryFmt), any: f(pgAnyFmt),
+	}
+}
+
+// myStatements are the MySQL statements that differ between MySQL and MariaDB.
+type myStatements struct {
+	flavor int32
+	// activity returns COMMAND, TIME, STATE of session ? (the second argument), the
+	// server's uptime, and the committed token of the lock row of key ? (the first).
+	activity string
+	// find returns the ids of the sessions (other than this one) whose statement
+	// contains ?.
+	find string
+	// inTx is the expression of "this session is in a transaction", or NULL.
+	inTx string
+}
+
+func newMyStatements(flavor int32) myStatements {
+	processlist, status, inTx := "performance_schema.processlist", "performance_schema.global_status", "NULL"
+	if flavor == flavorMariaDB {
+		// MariaDB has no performance_schema.processlist (and its performance_schema is
+		// off by default). MySQL 8 and 9 fail every query on
+		// information_schema.PROCESSLIST (3854) while any session runs a statement
+		// that is not valid utf8mb3, such as ours with a binary key.
+		processlist, status, inTx = "information_schema.PROCESSLIST", "information_schema.GLOBAL_STATUS", "@@in_transaction"
+	}
+	return myStatements{
+		flavor: flavor,
+		activity: "SELECT p.COMMAND, p.TIME, p.STATE, " +
+			"(SELECT CAST(VARIABLE_VALUE AS SIGNED) FROM " + status + " WHERE UPPER(VARIABLE_NAME) = 'UPTIME'), " +
+			"(SELECT token FROM sqllock_rowlock WHERE lock_key = ?) " +
+			"FROM " + processlist + " p WHERE p.ID = ?",
+		find: "SELECT ID FROM " + processlist + " WHERE INFO LIKE ? AND ID <> CONNECTION_ID()",
+		inTx: inTx,
+	}
+}
+
+// stillOpen is the check of Lease.myStillOpen: a locking read of the lock row that
+// does not wait, returning its token and whether the session is in a transaction
+// (MariaDB; NULL on MySQL).
+func (m myStatements) stillOpen(key []byte) string {
+	return "SELECT token, " + m.inTx + " FROM sqllock_rowlock WHERE lock_key = " + hexLit(key) + " FOR UPDATE NOWAIT"
+}
+
+// myBoundSeconds is the wait_timeout of a lock session: the TTL in whole seconds.
+func myBoundSeconds(ttl time.Duration) int64 { return pin.Seconds(ttl) }
+
+// sending reports whether a MySQL processlist STATE says that the session is writing
+// to its client (net_write_timeout may be running).
+func sending(state string) bool {
+	s := strings.ToLower(state)
+	return strings.Contains(s, "to net") || strings.Contains(s, "sending to client")
+}
 
 // hexLit writes b as a MySQL hexadecimal literal. The statements that lock and bump a
 // row carry their key and name this way rather than as parameters: go-sql-driver
@@ -168,34 +244,17 @@ func missingRows(ctx context.Context, q interface {
 	return missing, nil
 }
 
-// sessionAlive asks, from another pooled connection, whether session id still exists.
-// On PostgreSQL, since is a time at which the session was alive (the lease's
-// transaction start): a session with the same pid that started later is another one.
-func sessionAlive(ctx context.Context, db *sql.DB, d sqllock.Dialect, id int64, since time.Time) (bool, error) {
-	var n int
-	var err error
-	if d == sqllock.Postgres {
-		err = db.QueryRowContext(ctx, pgAlive, id, since).Scan(&n)
-	} else {
-		err = db.QueryRowContext(ctx, mySession, id).Scan(&n)
-	}
-	if err != nil {
-		return false, err
-	}
-	return n > 0, nil
-}
-
 // cancelOn interrupts, through conn (a connection other than the waiter's), the
 // statement that PostgreSQL session pid runs (pg_cancel_backend), or the MySQL
 // statement whose text contains marker (KILL QUERY). It reports whether a statement
 // was found to interrupt. Neither affects a session between statements.
-func cancelOn(ctx context.Context, conn *sql.Conn, d sqllock.Dialect, pid int64, marker string) (bool, error) {
-	if d == sqllock.Postgres {
+func (l *Locker) cancelOn(ctx context.Context, conn *sql.Conn, pid int64, marker string) (bool, error) {
+	if l.dialect == sqllock.Postgres {
 		var ok bool
 		err := conn.QueryRowContext(ctx, pgCancel, pid).Scan(&ok)
 		return ok, err
 	}
-	rows, err := conn.QueryContext(ctx, myFind, "%"+marker+"%")
+	rows, err := conn.QueryContext(ctx, l.myStmts(ctx).find, "%"+marker+"%")
 	if err != nil {
 		return false, err
 	}
@@ -212,38 +271,51 @@ func cancelOn(ctx context.Context, conn *sql.Conn, d sqllock.Dialect, pid int64,
 		return false, err
 	}
 	for _, id := range ids {
-		if _, err := conn.ExecContext(ctx, myCancel, id); err != nil {
+		// KILL takes no placeholder on MySQL (6413): the id is formatted in.
+		if _, err := conn.ExecContext(ctx, "KILL QUERY "+strconv.FormatInt(id, 10)); err != nil {
 			return false, err
 		}
 	}
 	return len(ids) > 0, nil
 }
 
-// MySQL server flavours, for the statement-level lock wait timeout.
+// MySQL server flavours, for the statements that differ.
 const (
 	flavorUnknown int32 = iota
 	flavorMariaDB       // SET STATEMENT innodb_lock_wait_timeout = n FOR ...
-	flavorMySQL8        // /*+ SET_VAR(innodb_lock_wait_timeout = n) */
-	flavorOther         // no statement-level form: no server-side bound
+	flavorMySQL8        // /*+ MAX_EXECUTION_TIME(ms) */ on SELECT
+	flavorOther         // no statement-level bound
 )
 
 // myFlavor returns the flavour of the MySQL server, asking it once per Locker.
-func (l *Locker) myFlavor(ctx context.Context, conn *sql.Conn) int32 {
+func (l *Locker) myFlavor(ctx context.Context, q interface {
+	QueryRowContext(context.Context, string, ...any) *sql.Row
+}) int32 {
 	if f := l.flavor.Load(); f != flavorUnknown {
 		return f
 	}
 	var v string
-	if err := conn.QueryRowContext(ctx, myVersion).Scan(&v); err != nil {
+	if err := q.QueryRowContext(ctx, myVersion).Scan(&v); err != nil {
 		return flavorUnknown // ask again next time
 	}
 	f := flavorOther
 	if strings.Contains(strings.ToLower(v), "mariadb") {
 		f = flavorMariaDB
 	} else if major, _, _ := strings.Cut(v, "."); atoi(major) >= 8 {
-		f = flavorMySQL8 // SET_VAR hints: MySQL 8.0.3 and later
+		f = flavorMySQL8
 	}
 	l.flavor.Store(f)
 	return f
+}
+
+// myStmts returns the flavour's statements (asking the flavour if still unknown: the
+// MySQL ones until it is known).
+func (l *Locker) myStmts(ctx context.Context) myStatements {
+	f := l.myFlavor(ctx, l.db)
+	if f == flavorMariaDB {
+		return l.myMaria
+	}
+	return l.myOracle
 }
 
 func atoi(s string) int {
@@ -255,17 +327,23 @@ func atoi(s string) int {
 }
 
 // serverWaitBound returns stmt (a MySQL statement starting with "SELECT " or
-// "INSERT ") with a statement-scoped innodb_lock_wait_timeout of wait rounded up to
-// whole seconds, at least 1, for the server's flavour f: a backstop that ends the
-// wait on the server even if the client can no longer interrupt it.
+// "INSERT ") with a server-side bound of its wait of about wait, for the server's
+// flavour f: a backstop that ends the wait on the server even if the client can no
+// longer interrupt it. MariaDB takes a statement-scoped innodb_lock_wait_timeout in
+// whole seconds (rounded up); MySQL ignores that as a hint (warning 3637) but ends a
+// SELECT at MAX_EXECUTION_TIME (error 3024). An INSERT on MySQL gets no bound: it
+// only waits for a row that exists, and then fails with a duplicate key anyway.
 func serverWaitBound(f int32, wait time.Duration, stmt string) string {
-	secs := int64((wait + time.Second - 1) / time.Second)
-	secs = min(max(secs, 1), 100000000)
 	switch f {
 	case flavorMariaDB:
+		secs := int64((wait + time.Second - 1) / time.Second)
+		secs = min(max(secs, 1), 100000000)
 		return fmt.Sprintf("SET STATEMENT innodb_lock_wait_timeout = %d FOR %s", secs, stmt)
 	case flavorMySQL8:
-		return fmt.Sprintf("%s/*+ SET_VAR(innodb_lock_wait_timeout = %d) */ %s", stmt[:7], secs, stmt[7:])
+		if strings.HasPrefix(stmt, "SELECT ") {
+			ms := min(max(int64((wait+time.Millisecond-1)/time.Millisecond), 1), 4294967295)
+			return fmt.Sprintf("SELECT /*+ MAX_EXECUTION_TIME(%d) */ %s", ms, stmt[7:])
+		}
 	}
 	return stmt
 }

@@ -3,9 +3,12 @@
 // it against a Locker of their own.
 //
 // The suite checks mutual exclusion under contention with a deliberately non-atomic
-// read-sleep-write of a counter row, TryAcquire, Release, loss, context deadlines and
-// cancellation, fencing-token monotonicity, the name rules, and that every case leaves
-// no goroutine (goleak) and no connection in use (sql.DBStats.InUse) behind.
+// read-sleep-write of a counter row over several pools, TryAcquire, Release, loss,
+// context deadlines and cancellation, fencing-token monotonicity, the name rules, a
+// network partition of the holder (through a testdb.Proxy: the holder must be told
+// before anyone else acquires, and the lock must be free within a bound), latency on
+// the holder's connections (no false loss), and that every case leaves no goroutine
+// (goleak) and no connection in use (sql.DBStats.InUse) behind.
 package locktest
 
 import (
@@ -41,15 +44,38 @@ type Config struct {
 	// testdb.Open.
 	Open func(t testing.TB, d sqllock.Dialect) *sql.DB
 
-	// Contention settings of the exclusion case. Defaults: 16 goroutines over 2 pools,
-	// 2000 critical sections, each sleeping Hold (default 100µs) between its read and
-	// its write of the counter.
+	// Contention settings of the exclusion case. Defaults: 16 goroutines over 4 pools
+	// (a Locker each, as replicas have), 2000 critical sections, each sleeping Hold
+	// (default 100µs) between its read and its write of the counter.
 	Goroutines, Pools, Sections int
 	Hold                        time.Duration
 
 	// LossTimeout bounds how long after Lose the lease must report ErrLost, and how
 	// long another client may then wait for the lock. Default 15s.
 	LossTimeout time.Duration
+
+	// NoTokens tells that the Locker gives no fencing tokens (Token is 0): the token
+	// checks then expect 0.
+	NoTokens bool
+
+	// PartitionBound is how long after a network partition of its holder the lock
+	// must be acquirable by another client: the Locker's TTL plus slack. Required for
+	// the Partition case (it is skipped with a log line when 0).
+	PartitionBound time.Duration
+	// PartitionRounds is how many holders are partitioned, at once, each on a name of
+	// its own. Default 20.
+	PartitionRounds int
+	// OpenProxied returns a pool whose connections go through a Proxy. Default:
+	// testdb.OpenProxied.
+	OpenProxied func(t testing.TB, d sqllock.Dialect) (*sql.DB, *testdb.Proxy)
+
+	// NewDefault returns a Locker with the strategy's default options, for the
+	// Latency case. Default: New.
+	NewDefault func(t testing.TB, db *sql.DB) sqllock.Locker
+	// Latency is added to each direction of the holder's connections in the Latency
+	// case (default 200ms), and LatencyHold is how long the holder keeps the lock
+	// meanwhile (default 5s): long enough for keep-alives to run.
+	Latency, LatencyHold time.Duration
 }
 
 func (c *Config) defaults() {
@@ -60,7 +86,7 @@ func (c *Config) defaults() {
 		c.Goroutines = 16
 	}
 	if c.Pools == 0 {
-		c.Pools = 2
+		c.Pools = 4
 	}
 	if c.Sections == 0 {
 		c.Sections = 2000
@@ -70,6 +96,21 @@ func (c *Config) defaults() {
 	}
 	if c.LossTimeout == 0 {
 		c.LossTimeout = 15 * time.Second
+	}
+	if c.PartitionRounds == 0 {
+		c.PartitionRounds = 20
+	}
+	if c.OpenProxied == nil {
+		c.OpenProxied = testdb.OpenProxied
+	}
+	if c.NewDefault == nil {
+		c.NewDefault = c.New
+	}
+	if c.Latency == 0 {
+		c.Latency = 200 * time.Millisecond
+	}
+	if c.LatencyHold == 0 {
+		c.LatencyHold = 5 * time.Second
 	}
 }
 
@@ -93,6 +134,8 @@ func Run(t *testing.T, cfg Config) {
 		{"Tokens", testTokens},
 		{"Names", testNames},
 		{"Do", testDo},
+		{"Partition", testPartition},
+		{"Latency", testLatency},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			// Registered first, so it runs last: after the pools and lockers the case
@@ -163,15 +206,23 @@ func wantNotAcquired(t testing.TB, l sqllock.Locker, name, why string) {
 
 const counterTable = "sqllock_locktest_counter"
 
+var counterOnce sync.Map // DSN of the database -> *sync.Once
+
+// ensureCounter creates the counter table once per database and test binary (a
+// replicated DDL, even one that changes nothing, can abort concurrent writes on a
+// Galera cluster), then the counter row of name.
 func ensureCounter(t testing.TB, db *sql.DB, d sqllock.Dialect, name string) {
 	t.Helper()
 	ctx := testdb.Context(t, 30*time.Second)
-	ddl := "CREATE TABLE IF NOT EXISTS " + counterTable + " (name varchar(255) PRIMARY KEY, n bigint NOT NULL)"
-	if _, err := db.ExecContext(ctx, ddl); err != nil {
-		// Concurrent test binaries may race on the DDL; the table exists if the
-		// INSERT below works.
-		t.Logf("locktest: %s: %v", ddl, err)
-	}
+	once, _ := counterOnce.LoadOrStore(testdb.DSN(t, d), new(sync.Once))
+	once.(*sync.Once).Do(func() {
+		ddl := "CREATE TABLE IF NOT EXISTS " + counterTable + " (name varchar(255) PRIMARY KEY, n bigint NOT NULL)"
+		if _, err := db.ExecContext(ctx, ddl); err != nil {
+			// Concurrent test binaries may race on the DDL; the table exists if the
+			// INSERT below works.
+			t.Logf("locktest: %s: %v", ddl, err)
+		}
+	})
 	if _, err := db.ExecContext(ctx, testdb.Rebind(d, "INSERT INTO "+counterTable+" (name, n) VALUES (?, 0)"), name); err != nil {
 		t.Fatalf("locktest: counter row: %v", err)
 	}
@@ -195,6 +246,7 @@ func testExclusion(t *testing.T, cfg *Config) {
 		inside     atomic.Int32
 		overlaps   atomic.Int64
 		done       atomic.Int64
+		failed     atomic.Int64 // counter writes that failed: not sections that ran
 		tokenMu    sync.Mutex
 		lastToken  int64
 		tokenFault string
@@ -226,9 +278,14 @@ func testExclusion(t *testing.T, cfg *Config) {
 					overlaps.Add(1)
 				}
 				tokenMu.Lock()
-				if tok := lease.Token(); tok <= lastToken && tokenFault == "" {
+				switch tok := lease.Token(); {
+				case cfg.NoTokens:
+					if tok != 0 && tokenFault == "" {
+						tokenFault = fmt.Sprintf("token %d from a Locker without tokens", tok)
+					}
+				case tok <= lastToken && tokenFault == "":
 					tokenFault = fmt.Sprintf("token %d granted after token %d", tok, lastToken)
-				} else {
+				default:
 					lastToken = tok
 				}
 				tokenMu.Unlock()
@@ -240,9 +297,13 @@ func testExclusion(t *testing.T, cfg *Config) {
 				}
 				inside.Add(-1)
 				if err != nil {
-					fail(fmt.Errorf("counter: %w", err))
+					// Not a lost update: the test's own write failed. Reported as an
+					// error of the test, and not counted as a section.
+					failed.Add(1)
+					fail(fmt.Errorf("counter write failed (a test error, not an exclusion failure): %w", err))
+				} else {
+					done.Add(1)
 				}
-				done.Add(1)
 				if err := lease.Release(ctx); err != nil {
 					fail(fmt.Errorf("Release: %w", err))
 				}
@@ -266,7 +327,7 @@ func testExclusion(t *testing.T, cfg *Config) {
 	if tokenFault != "" {
 		t.Errorf("fencing tokens out of order: %s", tokenFault)
 	}
-	t.Logf("%d sections by %d goroutines over %d pools", done.Load(), cfg.Goroutines, cfg.Pools)
+	t.Logf("%d sections by %d goroutines over %d pools (%d counter writes failed)", done.Load(), cfg.Goroutines, cfg.Pools, failed.Load())
 }
 
 func testTryAcquire(t *testing.T, cfg *Config) {
@@ -327,7 +388,7 @@ func testLoss(t *testing.T, cfg *Config) {
 	if err != nil {
 		t.Fatalf("Acquire after loss: %v", err)
 	}
-	if next.Token() <= lease.Token() {
+	if !cfg.NoTokens && next.Token() <= lease.Token() {
 		t.Errorf("token after loss %d, not greater than the lost lease's %d", next.Token(), lease.Token())
 	}
 	release(t, next)
@@ -418,7 +479,11 @@ func testTokens(t *testing.T, cfg *Config) {
 	var last int64
 	for i := 0; i < 6; i++ {
 		lease := mustAcquire(t, ls[i%2], name)
-		if tok := lease.Token(); tok <= last {
+		if tok := lease.Token(); cfg.NoTokens {
+			if tok != 0 {
+				t.Errorf("acquisition %d: token %d from a Locker without tokens", i, tok)
+			}
+		} else if tok <= last {
 			t.Errorf("acquisition %d: token %d, not greater than the previous %d", i, tok, last)
 		} else {
 			last = tok
@@ -502,4 +567,147 @@ func testDo(t *testing.T, cfg *Config) {
 		t.Fatalf("TryAcquire after Do: %v (Do did not release)", err)
 	}
 	release(t, after)
+}
+
+// testPartition: the holder's connections are cut (no FIN, no RST) while another
+// client waits for the lock. The holder must be told (Done, ErrLost) strictly before
+// the other client's Acquire returns, and the lock must be acquirable within
+// PartitionBound. After the partition heals there are never two holders. Rounds run
+// at once, each with its own holder, proxy and name.
+func testPartition(t *testing.T, cfg *Config) {
+	if cfg.PartitionBound == 0 {
+		t.Log("locktest: Config.PartitionBound not set: Partition not run")
+		return
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var worst time.Duration // partition -> other's Acquire returned
+	var minGap time.Duration = -1
+	for r := 0; r < cfg.PartitionRounds; r++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			gap, took, err := partitionRound(t, cfg, r)
+			if err != nil {
+				t.Errorf("round %d: %v", r, err)
+				return
+			}
+			mu.Lock()
+			worst = max(worst, took)
+			if minGap < 0 || gap < minGap {
+				minGap = gap
+			}
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	t.Logf("%d partitioned holders: each told before the next holder got in (smallest lead %v); next holder in at most %v after the partition (bound %v)",
+		cfg.PartitionRounds, minGap.Round(time.Millisecond), worst.Round(time.Millisecond), cfg.PartitionBound)
+}
+
+func partitionRound(t *testing.T, cfg *Config, r int) (lead, took time.Duration, err error) {
+	holderDB, proxy := cfg.OpenProxied(t, cfg.Dialect)
+	holder := cfg.New(t, holderDB)
+	other := cfg.New(t, cfg.Open(t, cfg.Dialect))
+	third := cfg.New(t, cfg.Open(t, cfg.Dialect))
+	name := uniqueName(t, fmt.Sprint(r))
+	ctx := testdb.Context(t, cfg.PartitionBound+time.Minute)
+	lease, err := holder.Acquire(ctx, name)
+	if err != nil {
+		return 0, 0, fmt.Errorf("holder Acquire: %w", err)
+	}
+	type got struct {
+		lease sqllock.Lease
+		err   error
+		at    time.Time
+	}
+	next := make(chan got, 1)
+	go func() {
+		l, err := other.Acquire(ctx, name)
+		next <- got{l, err, time.Now()}
+	}()
+	cutAt := time.Now()
+	proxy.Partition()
+	var lostAt time.Time
+	select {
+	case <-lease.Done():
+		lostAt = time.Now()
+	case g := <-next:
+		proxy.Heal()
+		if g.err == nil {
+			g.lease.Release(ctx)
+			return 0, 0, fmt.Errorf("another client acquired %v into the partition while the holder was not told (Err %v)", g.at.Sub(cutAt), lease.Err())
+		}
+		return 0, 0, fmt.Errorf("other Acquire: %w", g.err)
+	case <-time.After(cfg.PartitionBound + 30*time.Second):
+		proxy.Heal()
+		return 0, 0, errors.New("holder not told of the loss")
+	}
+	if !errors.Is(lease.Err(), sqllock.ErrLost) {
+		err = errors.Join(err, fmt.Errorf("holder Err after the partition = %v, want ErrLost", lease.Err()))
+	}
+	var g got
+	select {
+	case g = <-next:
+	case <-time.After(cfg.PartitionBound + 30*time.Second):
+		proxy.Heal()
+		return 0, 0, fmt.Errorf("lock not acquirable %v after the partition (bound %v)", cfg.PartitionBound+30*time.Second, cfg.PartitionBound)
+	}
+	if g.err != nil {
+		proxy.Heal()
+		return 0, 0, fmt.Errorf("other Acquire: %w", g.err)
+	}
+	lead, took = g.at.Sub(lostAt), g.at.Sub(cutAt)
+	if !g.at.After(lostAt) {
+		err = errors.Join(err, fmt.Errorf("other client acquired at +%v, not after the holder was told at +%v", g.at.Sub(cutAt), lostAt.Sub(cutAt)))
+	}
+	if took > cfg.PartitionBound {
+		err = errors.Join(err, fmt.Errorf("lock acquirable only %v after the partition, bound %v", took, cfg.PartitionBound))
+	}
+	// Heal: the old holder stays lost, the new one holds.
+	proxy.Heal()
+	if rerr := lease.Release(ctx); !errors.Is(rerr, sqllock.ErrLost) {
+		err = errors.Join(err, fmt.Errorf("old holder's Release after the heal = %v, want ErrLost", rerr))
+	}
+	if g.lease.Err() != nil {
+		err = errors.Join(err, fmt.Errorf("new holder lost after the heal: %v", g.lease.Err()))
+	}
+	if l, terr := third.TryAcquire(ctx, name); terr == nil {
+		l.Release(ctx)
+		err = errors.Join(err, errors.New("a third client acquired while the new holder held the lock after the heal"))
+	} else if !errors.Is(terr, sqllock.ErrNotAcquired) {
+		err = errors.Join(err, fmt.Errorf("third TryAcquire: %w", terr))
+	}
+	if rerr := g.lease.Release(ctx); rerr != nil {
+		err = errors.Join(err, fmt.Errorf("new holder's Release %v after its grant: %w", time.Since(g.at).Round(time.Millisecond), rerr))
+	}
+	if !cfg.NoTokens && g.lease.Token() <= lease.Token() {
+		err = errors.Join(err, fmt.Errorf("token %d after the partitioned holder's %d", g.lease.Token(), lease.Token()))
+	}
+	return lead, took, err
+}
+
+// testLatency: with the strategy's default options, latency on every connection of
+// the holder (the acquisition included) costs no false loss.
+func testLatency(t *testing.T, cfg *Config) {
+	db, proxy := cfg.OpenProxied(t, cfg.Dialect)
+	proxy.SetLatency(cfg.Latency)
+	l := cfg.NewDefault(t, db)
+	name := uniqueName(t)
+	ctx := testdb.Context(t, cfg.LatencyHold+time.Minute)
+	start := time.Now()
+	lease, err := l.Acquire(ctx, name)
+	if err != nil {
+		t.Fatalf("Acquire with %v latency: %v", cfg.Latency, err)
+	}
+	took := time.Since(start)
+	select {
+	case <-lease.Done():
+		t.Fatalf("lease lost %v after Acquire with %v latency each way: %v", time.Since(start)-took, cfg.Latency, lease.Err())
+	case <-time.After(cfg.LatencyHold):
+	}
+	if err := lease.Release(ctx); err != nil {
+		t.Fatalf("Release with latency: %v", err)
+	}
+	t.Logf("held %v with %v latency each way (Acquire took %v): no loss", cfg.LatencyHold, cfg.Latency, took.Round(time.Millisecond))
 }

@@ -34,6 +34,11 @@ func newDriver(ctx context.Context, db *sql.DB, d sqllock.Dialect, table string)
 		return nil, err
 	}
 	drv := &driver{ctx: ctx, conn: conn, dialect: d, table: table}
+	// A user without CREATE rights (migrations run by an administrator) can still
+	// read the version and find nothing to do: create nothing if the table is there.
+	if _, _, err := drv.Version(); err == nil {
+		return drv, nil
+	}
 	// CREATE TABLE IF NOT EXISTS races with itself on PostgreSQL (a duplicate key in
 	// pg_type): create the version table under the migration lock.
 	err = drv.Lock()
@@ -65,6 +70,10 @@ func (d *driver) Close() error { return d.conn.Close() }
 // (which derives its key from the database and table names with CRC32).
 var lockKey = namekey.Int64("sqllock/migrations", MigrationsTable)
 
+// myLockName is the GET_LOCK name of migration runs on a MySQL database: 16 + 48
+// characters.
+const myLockName = "CONCAT('sqllock_migrate:', LEFT(SHA2(DATABASE(), 256), 48))"
+
 func (d *driver) Lock() error {
 	if d.locked {
 		return database.ErrLocked
@@ -74,8 +83,9 @@ func (d *driver) Lock() error {
 		_, err = d.conn.ExecContext(d.ctx, "SELECT pg_advisory_lock($1)", lockKey)
 	} else {
 		var got sql.NullInt64
-		// GET_LOCK names are server-wide: include the database.
-		err = d.conn.QueryRowContext(d.ctx, "SELECT GET_LOCK(CONCAT('sqllock_migrate:', DATABASE()), 300)").Scan(&got)
+		// GET_LOCK names are server-wide: include the database, hashed, so that the
+		// name stays within MySQL's 64 characters (error 4163) for any database name.
+		err = d.conn.QueryRowContext(d.ctx, "SELECT GET_LOCK("+myLockName+", 300)").Scan(&got)
 		if err == nil && got.Int64 != 1 {
 			return database.ErrLocked
 		}
@@ -95,7 +105,7 @@ func (d *driver) Unlock() error {
 	if d.dialect == sqllock.Postgres {
 		_, err = d.conn.ExecContext(d.ctx, "SELECT pg_advisory_unlock($1)", lockKey)
 	} else {
-		_, err = d.conn.ExecContext(d.ctx, "SELECT RELEASE_LOCK(CONCAT('sqllock_migrate:', DATABASE()))")
+		_, err = d.conn.ExecContext(d.ctx, "SELECT RELEASE_LOCK("+myLockName+")")
 	}
 	if err != nil {
 		return err

@@ -6,10 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
 	dt "github.com/golang-migrate/migrate/v4/database/testing"
 
 	"github.com/sqllock/sqllock"
@@ -172,5 +174,36 @@ func TestDriverConformance(t *testing.T) {
 func TestInvalidDialect(t *testing.T) {
 	if _, err := migrations.Source(sqllock.Dialect(0)); !errors.Is(err, sqllock.ErrInvalidOption) {
 		t.Fatalf("Source(0) = %v, want ErrInvalidOption", err)
+	}
+}
+
+// TestLongDatabaseName: on MySQL, GET_LOCK names may have 64 characters (error 4163
+// beyond); the migration lock of a database whose name has 64 characters, MySQL's
+// longest, still works.
+func TestLongDatabaseName(t *testing.T) {
+	d := sqllock.MySQL
+	admin := testdb.Open(t, d)
+	ctx := ctxT(t)
+	name := fmt.Sprintf("sqllock_iso_%d_", os.Getpid())
+	name += strings.Repeat("x", 64-len(name))
+	if _, err := admin.ExecContext(ctx, "CREATE DATABASE "+name); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { admin.ExecContext(context.Background(), "DROP DATABASE "+name) })
+	cfg, err := mysql.ParseDSN(testdb.DSN(t, d))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.DBName = name
+	db, err := sql.Open("mysql", cfg.FormatDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if err := migrations.Up(ctx, db, d); err != nil {
+		t.Fatalf("Up in a database with a 64-character name: %v", err)
+	}
+	if v, _, err := migrations.Version(ctx, db, d); err != nil || v == 0 {
+		t.Fatalf("Version: %d, %v", v, err)
 	}
 }

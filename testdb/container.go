@@ -89,10 +89,13 @@ func startPostgres(ctx context.Context, image string) (dsn string, restart func(
 // KILL and the process list).
 //
 // Works with the official mysql and mariadb images and with the CI's
-// sqllock-ci/mariadb. The mysql module's own wait (a MySQL Community Server log
-// line) is replaced: ready means the port listening and a "SELECT 1" through the
-// mapped port. Both images initialise with a server on the Unix socket only, so
-// the check cannot succeed before the real server runs.
+// sqllock-ci/mariadb (MariaDB 10.11, 11.8) and sqllock-ci/mysql (Oracle MySQL 9.7
+// from Debian). The mysql module's own wait (the log line "port: 3306  MySQL
+// Community Server") is replaced: MariaDB never prints it, and Debian's MySQL
+// build prints "port: 3306  (Debian)". Ready means the port listening and a
+// "SELECT 1" through the mapped port. All these images initialise with a server
+// on the Unix socket only, so the check cannot succeed before the real server
+// runs. MySQL 9's caching_sha2_password works over TCP without DSN changes.
 func startMySQL(ctx context.Context, image string) (dsn string, restart func(context.Context) (string, error), stop func(context.Context) error, err error) {
 	myDSN := func(host, port string) string {
 		return fmt.Sprintf("root:%s@tcp(%s)/%s", containerPassword, net.JoinHostPort(host, port), containerDatabase)

@@ -56,7 +56,8 @@ type server struct {
 	mu      sync.Mutex
 	dsn     string // base DSN
 	err     error
-	managed bool // started here (a container)
+	managed bool   // started here (a container)
+	source  string // where the server comes from, for the log: "container IMAGE" or the DSN variable
 	restart func(context.Context) (string, error)
 	stop    func(context.Context) error
 	migrate sync.Once
@@ -98,11 +99,13 @@ func (s *server) start(d sqllock.Dialect) {
 	dsnVar, imageVar, image := envFor(d)
 	if dsn := os.Getenv(dsnVar); dsn != "" {
 		s.dsn = dsn
+		s.source = dsnVar
 		return
 	}
 	if v := os.Getenv(imageVar); v != "" {
 		image = v
 	}
+	s.source = "container " + image
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	var err error
@@ -139,6 +142,8 @@ func get(t testing.TB, d sqllock.Dialect) *server {
 		if err == nil {
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			err = migrations.Up(ctx, db, d)
+			// Once per binary: which server this is (also when migrating failed).
+			logServer(ctx, db, d, s.source)
 			cancel()
 			db.Close()
 		}

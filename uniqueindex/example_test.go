@@ -42,16 +42,17 @@ func Example() {
 	}
 	defer lease.Release(ctx)
 
-	// The business write commits only if the lease is still the current holder.
+	// The business write commits only if the lease is still the current holder:
+	// Check is the transaction's last statement before COMMIT.
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		log.Fatal(err)
 	}
 	defer tx.Rollback()
-	if err := lease.(*uniqueindex.Lease).Check(ctx, tx); err != nil {
-		log.Fatal(err) // matches sqllock.ErrLost
-	}
 	// ... tx.ExecContext(ctx, "UPDATE reports SET ... WHERE fence_token < $1", lease.Token()) ...
+	if err := lease.(*uniqueindex.Lease).Check(ctx, tx); err != nil {
+		log.Fatal(err) // matches sqllock.ErrLost: roll back
+	}
 	if err := tx.Commit(); err != nil {
 		log.Fatal(err)
 	}

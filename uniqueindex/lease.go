@@ -3,43 +3,29 @@ package uniqueindex
 import (
 	"context"
 	"database/sql"
-	"errors"
-	"fmt"
-	"sync"
 	"time"
 
 	"github.com/sqllock/sqllock"
-	"github.com/sqllock/sqllock/internal/leasestate"
+	"github.com/sqllock/sqllock/internal/lease"
+	"github.com/sqllock/sqllock/internal/rowlease"
+	"github.com/sqllock/sqllock/internal/wait"
 )
 
 // Lease is a held uniqueindex lock. Its methods are safe for concurrent use.
 type Lease struct {
-	l                *Locker
-	name             string
-	key, owner       []byte
-	token            int64
-	ttl, renew       time.Duration
-	margin           time.Duration
-	reentrant        bool
-	state            *leasestate.State
-	slot             *queue
-	stop, refreshed  chan struct{}
-	watchDone        chan struct{}
-	stopOnce, rlOnce sync.Once
-
-	mu       sync.Mutex
-	lastOK   time.Time // start of the last successful renewal (l.now, monotonic)
-	released bool
+	l          *Locker
+	name       string
+	key, owner []byte
+	token      int64
+	reentrant  bool
+	ttl        time.Duration // the lease's TTL, for the keeper (which may run before core is set)
+	core       *lease.Lease
 }
 
-func (l *Locker) newLease(name string, key, owner []byte, token int64, ttl, renew time.Duration, reentrant bool, start time.Time, slot *queue) *Lease {
-	le := &Lease{
-		l: l, name: name, key: key, owner: owner, token: token, ttl: ttl, renew: renew,
-		margin: ttl / 5, reentrant: reentrant, state: leasestate.New(), slot: slot,
-		stop: make(chan struct{}), refreshed: make(chan struct{}, 1), watchDone: make(chan struct{}),
-		lastOK: start,
-	}
-	go le.watch()
+func (l *Locker) newLease(name string, key, owner []byte, token int64, tm lease.Timing, reentrant bool, granted time.Time, slot *wait.Slot) *Lease {
+	le := &Lease{l: l, name: name, key: key, owner: owner, token: token, reentrant: reentrant, ttl: tm.TTL}
+	le.core = l.b.StartLease(keeper{le}, tm, name, key, granted, slot)
+	le.core.Run()
 	return le
 }
 
@@ -47,285 +33,99 @@ func (l *Locker) newLease(name string, key, owner []byte, token int64, ttl, rene
 func (le *Lease) Name() string { return le.name }
 
 // Token returns the fencing token: strictly greater than the token of every earlier
-// acquisition of the name (a reentrant acquisition shares the token of the hold it
-// joins).
+// acquisition of the name. A reentrant acquisition shares the token of the hold it
+// joins.
 func (le *Lease) Token() int64 { return le.token }
 
-// Done is closed when the lease is released or lost.
-func (le *Lease) Done() <-chan struct{} { return le.state.Done() }
+// Done is closed when the lease is released or lost. A passed local deadline closes
+// it at once, whoever looks first.
+func (le *Lease) Done() <-chan struct{} { return le.core.Done() }
 
 // Err is nil while held, then matches sqllock.ErrLost or sqllock.ErrNotHeld.
-func (le *Lease) Err() error { return le.state.Err() }
+func (le *Lease) Err() error { return le.core.Err() }
 
-// deadline is when the lease is given up locally without a successful renewal.
-func (le *Lease) deadline() time.Time {
-	le.mu.Lock()
-	defer le.mu.Unlock()
-	return le.lastOK.Add(le.ttl - le.margin)
-}
-
-func (le *Lease) renewed(start time.Time) {
-	le.mu.Lock()
-	if start.After(le.lastOK) {
-		le.lastOK = start
-	}
-	le.mu.Unlock()
-}
-
-// end ends the lease once and hands the in-process queue slot on.
-func (le *Lease) end(err error) bool {
-	if !le.state.End(err) {
-		return false
-	}
-	if le.slot != nil {
-		le.l.dequeue(string(le.key), le.slot)
-	}
-	le.l.wake(string(le.key), false)
-	return true
-}
-
-func (le *Lease) lose(cause error) {
-	if le.end(&sqllock.Error{Op: "keepalive", Dialect: le.l.dialect, Name: le.name, Kind: sqllock.ErrLost, Err: cause}) {
-		le.l.cfg.logger.Warn("sqllock/uniqueindex: lease lost", "name", le.name, "token", le.token, "err", cause)
-	}
-}
-
-// watch renews the lease every renew interval until it is released or lost.
-func (le *Lease) watch() {
-	defer close(le.watchDone)
-	next := le.deadline().Add(-le.ttl + le.margin + le.renew)
-	retry := le.renew / 8
-	for {
-		now := le.l.now()
-		dl := le.deadline()
-		wake := next
-		if dl.Before(wake) {
-			wake = dl
-		}
-		t := time.NewTimer(wake.Sub(now))
-		select {
-		case <-le.stop:
-			t.Stop()
-			return
-		case <-le.refreshed:
-			t.Stop()
-			next = le.deadline().Add(-le.ttl + le.margin + le.renew)
-			continue
-		case <-t.C:
-		}
-		start := le.l.now()
-		dl = le.deadline()
-		if !start.Before(dl) {
-			le.lose(errors.New("no renewal succeeded within the lease time less the safety margin"))
-			return
-		}
-		// The renewal runs in its own goroutine so that the local deadline is enforced
-		// whatever the statement does: its ctx is bounded by the deadline, but a
-		// statement can also be stuck where ctx is not looked at (a Go mutex, a driver
-		// busy elsewhere). At the deadline the lease is lost, then the renewal is
-		// cancelled and waited for.
-		ctx, cancel := context.WithTimeout(context.Background(), min(dl.Sub(start), le.l.cfg.attempt))
-		type result struct {
-			ok  bool
-			err error
-		}
-		ch := make(chan result, 1)
-		go func() {
-			ok, err := le.refresh(ctx)
-			ch <- result{ok, err}
-		}()
-		dt := time.NewTimer(dl.Sub(start))
-		var r result
-		select {
-		case r = <-ch:
-			dt.Stop()
-		case <-dt.C:
-			le.lose(errors.New("no renewal succeeded within the lease time less the safety margin (renewal still in flight)"))
-			cancel()
-			<-ch
-			return
-		case <-le.stop:
-			dt.Stop()
-			cancel()
-			<-ch
-			return
-		}
-		cancel()
-		switch {
-		case r.err == nil && r.ok:
-			le.renewed(start)
-			next = start.Add(le.renew)
-		case r.err == nil:
-			le.lose(errors.New("lease row deleted or taken over"))
-			return
-		default:
-			le.l.cfg.logger.Debug("sqllock/uniqueindex: renewal failed, retrying", "name", le.name, "err", r.err)
-			next = le.l.now().Add(retry)
-		}
-	}
-}
-
-func (le *Lease) refresh(ctx context.Context) (bool, error) {
-	var res sql.Result
-	var err error
-	if le.l.dialect == sqllock.Postgres {
-		res, err = le.l.db.ExecContext(ctx, renewPostgres, le.key, le.owner, le.token, le.ttl.Microseconds())
-	} else {
-		res, err = le.l.exec(ctx, renewMySQL, le.ttl.Microseconds(), le.key, le.owner, le.token)
-	}
-	if err != nil {
-		return false, err
-	}
-	n, err := res.RowsAffected()
-	return n > 0, err
-}
-
-// Refresh renews the lease now, as the watchdog does. It returns an error matching
-// sqllock.ErrLost if the row was deleted or taken over (the lease then ends), or
-// sqllock.ErrNotHeld after Release. A transient error (deadlock, serialization
-// failure, lock wait timeout) is retried up to 5 times with a short jittered backoff;
-// if it persists, or for any other database error, Refresh returns a *sqllock.Error
-// wrapping it, and the lease is still held: the watchdog goes on renewing it.
-// Refresh waits at most until the lease's local deadline (TTL less the safety margin
-// after the last successful renewal): if the lease was lost meanwhile, or the
-// renewal could not complete before it, Refresh returns an error matching
-// sqllock.ErrLost.
-func (le *Lease) Refresh(ctx context.Context) error {
-	if err := le.state.Err(); err != nil {
-		return err
-	}
-	start := le.l.now()
-	dl := le.deadline()
-	if !start.Before(dl) {
-		le.lose(errors.New("no renewal succeeded within the lease time less the safety margin"))
-		return le.state.Err()
-	}
-	// A renewal that completes after the local deadline proves nothing: the lease may
-	// have expired by the database clock meanwhile (and been taken over once the
-	// blocker went away).
-	rctx, cancel := context.WithTimeout(ctx, dl.Sub(start))
-	defer cancel()
-	var ok bool
-	err := le.l.retryTransient(rctx, "refresh", func() (err error) {
-		ok, err = le.refresh(rctx)
-		return err
-	})
-	if e := le.state.Err(); e != nil {
-		return e // lost (or released) meanwhile
-	}
-	// Past the local deadline (the watchdog may have renewed meanwhile: read it
-	// again), or a renewal so slow that the row may have expired during it: lost.
-	if now := le.l.now(); !now.Before(le.deadline()) || now.Sub(start) >= le.ttl-le.margin {
-		le.lose(errors.New("no renewal succeeded within the lease time less the safety margin"))
-		return le.state.Err()
-	}
-	switch {
-	case err != nil:
-		// Not renewed now; the lease is not lost for that: the watchdog keeps renewing.
-		return &sqllock.Error{Op: "refresh", Dialect: le.l.dialect, Name: le.name, Err: err}
-	case !ok:
-		le.lose(errors.New("lease row deleted or taken over"))
-		return le.state.Err()
-	}
-	le.renewed(start)
-	select {
-	case le.refreshed <- struct{}{}:
-	default:
-	}
-	return nil
-}
+// Refresh renews the lease now, as the keep-alive does. It returns an error matching
+// sqllock.ErrLost if the row was deleted, taken over or expired (the lease then ends)
+// or could not be renewed before the lease's local deadline, sqllock.ErrNotHeld after
+// Release, and a *sqllock.Error carrying the database error if the renewal failed for
+// another reason: the lease is then still held, and the keep-alive goes on renewing
+// it. It waits at most until ctx ends or the local deadline passes.
+func (le *Lease) Refresh(ctx context.Context) error { return le.core.Refresh(ctx) }
 
 // Check verifies, inside the caller's transaction tx, that the lease is still the
-// current holder of its lock, unexpired by the database clock, and share-locks its row
-// until tx ends, so that no renewal, release or takeover changes it meanwhile. Make
-// the business writes in tx after Check: they commit only while the lock is really
-// held. It returns an error matching sqllock.ErrLost if the lease is not current. On
-// MySQL, tx should be READ COMMITTED or REPEATABLE READ (locking reads see the latest
-// row either way).
+// current holder of its lock and unexpired by the database clock, and share-locks its
+// row until tx ends, so that no takeover, release or reaper sweep changes it before
+// tx commits. It is the fencing check of this strategy (etcd's IsOwner compare).
+//
+// Run it as the last statement of tx, right before COMMIT: the business writes then
+// commit only if the lease was current at that point, and the row is locked only
+// for the time of the commit. (The share lock also holds the lease's own renewals
+// back: a transaction that calls Check early and then runs long can make its own
+// lease miss its deadline.) Without sending SQL, it returns an error matching
+// sqllock.ErrLost if the lease was lost or passed its local deadline, and
+// sqllock.ErrNotHeld if it was released; after the statement, ErrLost if the lease
+// is not current.
 //
 // Check cannot retry a deadlock, serialization failure or lock wait timeout: it runs
 // in the caller's transaction, which the database has then aborted (PostgreSQL, and
 // MySQL on a deadlock) or in which only the statement failed (MySQL lock wait
 // timeout). It returns such an error as a *sqllock.Error whose cause is the driver's
-// error, so that errors.As finds the *pgconn.PgError or *mysql.MySQLError: roll tx
-// back and retry the whole transaction, as for any other statement of it. The share
-// lock waits at most for one short statement in flight on the row (a renewal, a
-// Release, a takeover, a reaper batch re-checking a row taken over since it chose it).
+// error: roll tx back and retry the whole transaction. On MySQL, tx should be READ
+// COMMITTED or REPEATABLE READ (locking reads see the latest row either way).
 func (le *Lease) Check(ctx context.Context, tx *sql.Tx) error {
-	q := checkMySQL
-	if le.l.dialect == sqllock.Postgres {
-		q = checkPostgres
-	}
-	var one int
-	err := tx.QueryRowContext(ctx, q, le.key, le.owner, le.token).Scan(&one)
-	if errors.Is(err, sql.ErrNoRows) {
-		return &sqllock.Error{Op: "check", Dialect: le.l.dialect, Name: le.name, Kind: sqllock.ErrLost,
-			Err: errors.New("lease is no longer the current holder")}
-	}
-	if err != nil {
-		return &sqllock.Error{Op: "check", Dialect: le.l.dialect, Name: le.name, Err: err}
-	}
-	return nil
+	return rowlease.Check(ctx, le.core, tx, le.l.b.Pick(checkPostgres, checkMySQL), le.key, le.owner, le.token)
 }
 
 // Release gives the lock up: it deletes the lease row if it is still this lease's (or
 // gives one hold back, for a re-entered lock). It returns an error matching
-// sqllock.ErrLost if the lease had been lost, and nil when called again.
+// sqllock.ErrLost if the lease had been lost, and nil when called again. It gives the
+// lock back even if ctx has already ended (bounded by its own short timeout), so
+// that a caller whose context expired does not leave the lock held for a whole TTL.
 //
 // A transient error (deadlock, serialization failure, lock wait timeout, for example
 // against a concurrent sweep or a transaction holding Check's share lock) is retried
-// up to 5 times with a short jittered backoff, within ctx. If the row still cannot be
-// deleted, Release returns a *sqllock.Error wrapping the last error: the lease has
-// ended on the client (Done is closed, renewals have stopped), and the row stays until
-// it expires by the database clock, at most the TTL after the last renewal, when the
-// next acquirer takes it over.
-func (le *Lease) Release(ctx context.Context) error {
-	le.mu.Lock()
-	if le.released {
-		le.mu.Unlock()
-		return nil
-	}
-	le.released = true
-	le.mu.Unlock()
-	le.stopOnce.Do(func() { close(le.stop) })
-	<-le.watchDone
+// up to 5 times with a short jittered backoff. If the row still cannot be deleted,
+// Release returns a *sqllock.Error wrapping the last error: the lease has ended on
+// the client, and the row stays until it expires by the database clock, at most the
+// TTL after the last renewal, when the next acquirer takes it over.
+func (le *Lease) Release(ctx context.Context) error { return le.core.Release(ctx) }
 
-	lostBefore := le.state.Err() != nil
+// keeper is the lease's side of the lease core.
+type keeper struct{ le *Lease }
+
+func (k keeper) KeepAlive(ctx context.Context) (time.Duration, error) {
+	le, b := k.le, k.le.l.b
+	onRetry := func(err error) { le.l.transient("keepalive", err) }
+	return rowlease.Renewed(b.Changed(ctx, onRetry, b.Pick(renewPostgres, renewMySQL), renewArgs(b.Dialect, le.key, le.owner, le.token, le.ttl)...))
+}
+
+// renewArgs are the arguments of renewPostgres or renewMySQL.
+func renewArgs(d sqllock.Dialect, key, owner []byte, token int64, ttl time.Duration) []any {
+	if d == sqllock.Postgres {
+		return []any{key, owner, token, ttl.Microseconds()}
+	}
+	return []any{ttl.Microseconds(), key, owner, token}
+}
+
+func (k keeper) GiveBack(ctx context.Context, lost bool) error {
+	le := k.le
 	var n int64
 	err := le.l.retryTransient(ctx, "release", func() (err error) {
 		n, err = le.delete(ctx)
 		return err
 	})
-	if err != nil && !lostBefore {
-		// The row could not be deleted (or the outcome is unknown). The lease ends here
-		// and the watchdog has stopped, so the row, if still there, expires by the
-		// database clock at most TTL after the last renewal; the lock is free then (taken
-		// over by the next acquirer, swept by the reaper later).
-		err = fmt.Errorf("lease row not deleted: the lock stays taken until it expires, at most %v after the last renewal: %w", le.ttl, err)
-		le.end(&sqllock.Error{Op: "release", Dialect: le.l.dialect, Name: le.name, Kind: sqllock.ErrNotHeld, Err: err})
-		return &sqllock.Error{Op: "release", Dialect: le.l.dialect, Name: le.name, Err: err}
-	}
-	if lostBefore {
-		return le.state.Err()
-	}
-	if n == 0 {
-		le.lose(errors.New("lease row deleted or taken over before release"))
-		return &sqllock.Error{Op: "release", Dialect: le.l.dialect, Name: le.name, Kind: sqllock.ErrLost,
-			Err: errors.New("lease row deleted or taken over")}
-	}
-	le.end(&sqllock.Error{Op: "release", Dialect: le.l.dialect, Name: le.name, Kind: sqllock.ErrNotHeld})
-	return nil
+	return rowlease.Released(n, err, lost, "the lease row")
 }
 
 // delete removes the row, or gives back one hold of a reentrant lease (one statement,
 // then a best-effort DELETE after the last hold, see unholdPostgres).
 func (le *Lease) delete(ctx context.Context) (int64, error) {
-	pg := le.l.dialect == sqllock.Postgres
+	pg := le.l.b.Dialect == sqllock.Postgres
 	if le.reentrant {
 		var n, freed int64
 		if pg {
 			var s sql.NullString
-			if err := le.l.db.QueryRowContext(ctx, unholdPostgres, le.key, le.owner, le.token).Scan(&n, &freed, &s); err != nil {
+			if err := le.l.b.DB.QueryRowContext(ctx, unholdPostgres, le.key, le.owner, le.token).Scan(&n, &freed, &s); err != nil {
 				return 0, err
 			}
 		} else {
@@ -353,7 +153,7 @@ func (le *Lease) delete(ctx context.Context) (int64, error) {
 	if pg {
 		var n int64
 		var s sql.NullString
-		err := le.l.db.QueryRowContext(ctx, releasePostgres, le.key, le.owner, le.token).Scan(&n, &s)
+		err := le.l.b.DB.QueryRowContext(ctx, releasePostgres, le.key, le.owner, le.token).Scan(&n, &s)
 		return n, err
 	}
 	res, err := le.l.exec(ctx, releaseMySQL, le.key, le.owner, le.token)

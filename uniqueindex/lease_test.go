@@ -13,9 +13,9 @@ import (
 func TestNewValidates(t *testing.T) {
 	db := testdb.Open(t, sqllock.Postgres)
 	for _, opts := range [][]Option{
-		{WithTTL(time.Second), WithRenewInterval(600 * time.Millisecond)},
+		{WithTTL(time.Second), WithKeepalive(600 * time.Millisecond)},
 		{WithTTL(-time.Second)},
-		{WithRenewInterval(-time.Second)},
+		{WithKeepalive(-time.Second)},
 		{WithPollInterval(0)},
 		{WithAttemptTimeout(-1)},
 	} {
@@ -36,7 +36,7 @@ func TestLossWithinRenewInterval(t *testing.T) {
 		testdb.CheckLeaks(t)
 		admin := testdb.Open(t, d)
 		const ttl, renew = 3 * time.Second, time.Second
-		a := newLocker(t, testdb.Open(t, d), d, WithTTL(ttl), WithRenewInterval(renew))
+		a := newLocker(t, testdb.Open(t, d), d, WithTTL(ttl), WithKeepalive(renew))
 		b := newLocker(t, testdb.Open(t, d), d, WithTTL(ttl))
 
 		for _, how := range []string{"deleted", "taken over"} {
@@ -155,15 +155,20 @@ func TestReentrant(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		l2, err := b.TryAcquire(ctx, name, sqllock.WithOwner("job-1"))
+		l2, err := a.TryAcquire(ctx, name, sqllock.WithOwner("job-1"))
 		if err != nil {
-			t.Fatalf("re-entry by the same owner key from another Locker: %v", err)
+			t.Fatalf("re-entry by the same owner key through the same Locker: %v", err)
 		}
 		if l2.Token() != l1.Token() {
 			t.Errorf("re-entry token %d, want %d", l2.Token(), l1.Token())
 		}
-		if _, err := b.TryAcquire(ctx, name, sqllock.WithOwner("job-2")); !errors.Is(err, sqllock.ErrNotAcquired) {
+		if _, err := a.TryAcquire(ctx, name, sqllock.WithOwner("job-2")); !errors.Is(err, sqllock.ErrNotAcquired) {
 			t.Errorf("other owner: %v, want ErrNotAcquired", err)
+		}
+		// The key is scoped to its Locker: the same key through another Locker (another
+		// replica) is another owner.
+		if _, err := b.TryAcquire(ctx, name, sqllock.WithOwner("job-1")); !errors.Is(err, sqllock.ErrNotAcquired) {
+			t.Errorf("same owner key through another Locker: %v, want ErrNotAcquired", err)
 		}
 		if _, err := a.TryAcquire(ctx, name); !errors.Is(err, sqllock.ErrNotAcquired) {
 			t.Errorf("no owner key: %v, want ErrNotAcquired", err)
@@ -195,9 +200,9 @@ func TestClientClockShift(t *testing.T) {
 		testdb.CheckLeaks(t)
 		const ttl = 1500 * time.Millisecond
 		a := newLocker(t, testdb.Open(t, d), d, WithTTL(ttl))
-		a.now = func() time.Time { return time.Now().Add(time.Hour) }
+		a.b.Now = func() time.Time { return time.Now().Add(time.Hour) }
 		b := newLocker(t, testdb.Open(t, d), d, WithTTL(ttl))
-		b.now = func() time.Time { return time.Now().Add(-time.Hour).Round(0) } // wall clock only
+		b.b.Now = func() time.Time { return time.Now().Add(-time.Hour).Round(0) } // wall clock only
 		name := testdb.Name(t)
 		lease, err := a.Acquire(testdb.Context(t, 30*time.Second), name)
 		if err != nil {
@@ -324,7 +329,7 @@ func TestCloseKeepsLeases(t *testing.T) {
 		testdb.CheckLeaks(t)
 		l := newLocker(t, testdb.Open(t, d), d)
 		ctx := testdb.Context(t, 30*time.Second)
-		lease, err := l.Acquire(ctx, testdb.Name(t), sqllock.WithTTL(time.Second))
+		lease, err := l.Acquire(ctx, testdb.Name(t), sqllock.WithLeaseTTL(time.Second))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -61,15 +61,24 @@ func deleteRow(t testing.TB, admin *sql.DB, d sqllock.Dialect, name string) {
 
 func TestLocktest(t *testing.T) {
 	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
+		const ttl = 3 * time.Second
 		locktest.Run(t, locktest.Config{
 			Dialect: d,
 			New: func(t testing.TB, db *sql.DB) sqllock.Locker {
-				// A short TTL makes the Loss case fast: loss shows within 1s.
-				return newLocker(t, db, d, WithTTL(3*time.Second))
+				// A short TTL makes the Loss and Partition cases fast.
+				return newLocker(t, db, d, WithTTL(ttl))
 			},
 			Lose: func(t testing.TB, admin *sql.DB, lease sqllock.Lease) {
 				deleteRow(t, admin, d, lease.Name())
 			},
+			// The row expires TTL after the last renewal; the waiter's poll lands at
+			// the expiry the database reported.
+			PartitionBound: ttl + DefaultPollInterval + time.Second,
+			NewDefault: func(t testing.TB, db *sql.DB) sqllock.Locker {
+				return newLocker(t, db, d)
+			},
+			// One renewal (every DefaultTTL/3) happens with the latency.
+			LatencyHold: DefaultTTL/3 + 2*time.Second,
 		})
 	})
 }

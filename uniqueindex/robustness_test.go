@@ -187,14 +187,14 @@ func TestClientFoundRows(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		r2, err := b.TryAcquire(ctx, name, sqllock.WithOwner("job"))
+		r2, err := a.TryAcquire(ctx, name, sqllock.WithOwner("job"))
 		if err != nil {
 			t.Fatal(err)
 		}
 		if r2.Token() != r1.Token() || r1.Token() <= la.Token() {
 			t.Errorf("tokens %d, %d after %d", r1.Token(), r2.Token(), la.Token())
 		}
-		if _, err := b.TryAcquire(ctx, name, sqllock.WithOwner("other")); !errors.Is(err, sqllock.ErrNotAcquired) {
+		if _, err := a.TryAcquire(ctx, name, sqllock.WithOwner("other")); !errors.Is(err, sqllock.ErrNotAcquired) {
 			t.Errorf("another owner key: %v, want ErrNotAcquired", err)
 		}
 		if err := r1.Release(ctx); err != nil {
@@ -365,8 +365,8 @@ func TestReentrantReleaseRace(t *testing.T) {
 		name := testdb.Name(t)
 		const workers, rounds = 3, 60
 		var wg sync.WaitGroup
+		l := newLocker(t, db, d) // reentrancy is within one Locker
 		for w := 0; w < workers; w++ {
-			l := newLocker(t, db, d)
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
@@ -434,13 +434,15 @@ func TestCloseDoesNotWaitForStatements(t *testing.T) {
 			got <- err
 		}()
 		// Wait until the attempt waits for the row lock in the database.
-		q := "SELECT count(*) FROM information_schema.processlist WHERE info LIKE 'INSERT INTO sqllock_lease%'"
-		if d == sqllock.Postgres {
-			q = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'WITH f AS%'"
-		}
 		for {
 			var n int
-			if err := admin.QueryRowContext(ctx, q).Scan(&n); err != nil {
+			var err error
+			if d == sqllock.Postgres {
+				err = admin.QueryRowContext(ctx, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'WITH f AS%'").Scan(&n)
+			} else {
+				n, err = testdb.Running(ctx, admin, d, "INSERT INTO sqllock_lease")
+			}
+			if err != nil {
 				t.Fatal(err)
 			}
 			if n > 0 {

@@ -17,7 +17,9 @@ const (
 	// returns the holder's remaining time in microseconds (a hint for the waiter).
 	// clock_timestamp() is read once (n.t, excluded.acquired_at): every branch compares
 	// the row's expiry with that one instant, so an attempt exactly at expiry cannot
-	// mix the takeover and reentry branches.
+	// mix the takeover and reentry branches. A live row of the same owner is this
+	// acquisition's own (owners are unique per acquisition, or the reentrant key): a
+	// reentrant acquisition ($5) adds a hold, a retry after a lost reply adopts it.
 	//
 	// $1 key, $2 name, $3 owner, $4 TTL µs, $5 reentrant, $6 host, $7 pid.
 	acquirePostgres = `WITH f AS (
@@ -29,14 +31,14 @@ const (
   SELECT $1, $2, $3, 1, f.token, n.t, n.t + $4::bigint * interval '1 microsecond', $6, $7
     FROM f, (SELECT clock_timestamp() AS t) n
   ON CONFLICT (lock_key) DO UPDATE SET
-    holds       = CASE WHEN l.expires_at <= excluded.acquired_at THEN 1 ELSE l.holds + 1 END,
+    holds       = CASE WHEN l.expires_at <= excluded.acquired_at THEN 1 WHEN $5::boolean THEN l.holds + 1 ELSE l.holds END,
     token       = CASE WHEN l.expires_at <= excluded.acquired_at THEN excluded.token ELSE l.token END,
     acquired_at = CASE WHEN l.expires_at <= excluded.acquired_at THEN excluded.acquired_at ELSE l.acquired_at END,
     owner       = excluded.owner,
     host        = excluded.host,
     pid         = excluded.pid,
     expires_at  = GREATEST(l.expires_at, excluded.expires_at)
-  WHERE l.expires_at <= excluded.acquired_at OR ($5::boolean AND l.owner = excluded.owner)
+  WHERE l.expires_at <= excluded.acquired_at OR l.owner = excluded.owner
   RETURNING l.token, l.holds
 )
 SELECT token, holds, 0::bigint FROM ins
@@ -63,34 +65,52 @@ SELECT 0, 0, GREATEST(0, floor(extract(epoch FROM (expires_at - clock_timestamp(
 	// insert (the table has no AUTO_INCREMENT column) reports insert id 0 and one
 	// row; an attempt overtaken by a later increment reports 0 and no row.
 	//
-	// ? owner, TTL µs, host, pid, key, T, reentrant, reentrant, reentrant.
+	// A live row of the same owner is this acquisition's own: a reentrant acquisition
+	// adds a hold, a retry after a lost reply adopts it.
+	//
+	// The update clause names the new values with parameters and the fence row's
+	// column (f.token), not VALUES(col), which MySQL 8.0.20+ deprecates (1287) and
+	// MariaDB's alias form would not parse.
+	//
+	// ? owner, TTL µs, host, pid, key, T, then in the update clause: reentrant, owner,
+	// owner, host, pid, owner, owner, TTL µs.
 	acquireMySQL = `INSERT INTO sqllock_lease (lock_key, name, owner, holds, token, acquired_at, expires_at, host, pid)
 SELECT f.lock_key, f.name, ?, 1, f.token, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, ?, ?
   FROM sqllock_fence f WHERE f.lock_key = ? AND f.token = ? FOR UPDATE
 ON DUPLICATE KEY UPDATE
-  sqllock_lease.holds       = IF(sqllock_lease.expires_at <= UTC_TIMESTAMP(6), 1, IF(? AND sqllock_lease.owner = VALUES(owner), sqllock_lease.holds + 1, sqllock_lease.holds)),
-  sqllock_lease.token       = LAST_INSERT_ID(2 * IF(sqllock_lease.expires_at <= UTC_TIMESTAMP(6), VALUES(token), sqllock_lease.token)
-                                + IF(sqllock_lease.expires_at <= UTC_TIMESTAMP(6) OR (? AND sqllock_lease.owner = VALUES(owner)), 1, 0)) DIV 2,
-  sqllock_lease.acquired_at = IF(sqllock_lease.expires_at <= UTC_TIMESTAMP(6), VALUES(acquired_at), sqllock_lease.acquired_at),
-  sqllock_lease.host        = IF(sqllock_lease.expires_at <= UTC_TIMESTAMP(6), VALUES(host), sqllock_lease.host),
-  sqllock_lease.pid         = IF(sqllock_lease.expires_at <= UTC_TIMESTAMP(6), VALUES(pid), sqllock_lease.pid),
-  sqllock_lease.owner       = IF(sqllock_lease.expires_at <= UTC_TIMESTAMP(6), VALUES(owner), sqllock_lease.owner),
-  sqllock_lease.expires_at  = IF(sqllock_lease.expires_at <= UTC_TIMESTAMP(6) OR (? AND sqllock_lease.owner = VALUES(owner)),
-                   GREATEST(sqllock_lease.expires_at, VALUES(expires_at)), sqllock_lease.expires_at)`
+  sqllock_lease.holds       = IF(sqllock_lease.expires_at <= UTC_TIMESTAMP(6), 1, IF(? AND sqllock_lease.owner = ?, sqllock_lease.holds + 1, sqllock_lease.holds)),
+  sqllock_lease.token       = LAST_INSERT_ID(2 * IF(sqllock_lease.expires_at <= UTC_TIMESTAMP(6), f.token, sqllock_lease.token)
+                                + IF(sqllock_lease.expires_at <= UTC_TIMESTAMP(6) OR sqllock_lease.owner = ?, 1, 0)) DIV 2,
+  sqllock_lease.acquired_at = IF(sqllock_lease.expires_at <= UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), sqllock_lease.acquired_at),
+  sqllock_lease.host        = IF(sqllock_lease.expires_at <= UTC_TIMESTAMP(6), ?, sqllock_lease.host),
+  sqllock_lease.pid         = IF(sqllock_lease.expires_at <= UTC_TIMESTAMP(6), ?, sqllock_lease.pid),
+  sqllock_lease.owner       = IF(sqllock_lease.expires_at <= UTC_TIMESTAMP(6), ?, sqllock_lease.owner),
+  sqllock_lease.expires_at  = IF(sqllock_lease.expires_at <= UTC_TIMESTAMP(6) OR sqllock_lease.owner = ?,
+                   GREATEST(sqllock_lease.expires_at, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND), sqllock_lease.expires_at)`
 
-	// renew extends the lease if the row is still this lease's (key, owner, token).
+	// renew extends the lease if the row is still this lease's (key, owner, token)
+	// and has not expired: expiry is final, an expired lease is never revived (it may
+	// have been taken over and given back meanwhile, or be about to be).
 	renewPostgres = `UPDATE sqllock_lease SET expires_at = GREATEST(expires_at, clock_timestamp() + $4::bigint * interval '1 microsecond')
-WHERE lock_key = $1 AND owner = $2 AND token = $3`
+WHERE lock_key = $1 AND owner = $2 AND token = $3 AND expires_at > clock_timestamp()`
 	// GREATEST(expires_at + 1µs, ...) makes the row change, so that affected rows is 1
 	// even within one microsecond (the MySQL driver reports changed rows).
 	renewMySQL = `UPDATE sqllock_lease SET expires_at = GREATEST(expires_at + INTERVAL 1 MICROSECOND, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)
-WHERE lock_key = ? AND owner = ? AND token = ?`
+WHERE lock_key = ? AND owner = ? AND token = ? AND expires_at > UTC_TIMESTAMP(6)`
 
 	// release deletes the row of the last hold; on PostgreSQL it notifies waiters in
 	// the same statement (delivered at commit).
 	releasePostgres = `WITH d AS (DELETE FROM sqllock_lease WHERE lock_key = $1 AND owner = $2 AND token = $3 AND holds <= 1 RETURNING lock_key)
 SELECT count(*), string_agg(pg_notify('` + channel + `', encode(lock_key, 'hex'))::text, '') FROM d`
 	releaseMySQL = `DELETE FROM sqllock_lease WHERE lock_key = ? AND owner = ? AND token = ? AND holds <= 1`
+
+	// forget deletes the row of an acquisition whose outcome the caller never learnt
+	// and that it gave up (owners are unique per acquisition).
+	forgetPostgres = `WITH d AS (DELETE FROM sqllock_lease WHERE lock_key = $1 AND owner = $2 RETURNING lock_key)
+SELECT count(*), string_agg(pg_notify('` + channel + `', encode(lock_key, 'hex'))::text, '') FROM d`
+	forgetMySQL = `DELETE FROM sqllock_lease WHERE lock_key = ? AND owner = ?`
+	// forgetProbeMySQL looks for that row without locking it (see Locker.forget).
+	forgetProbeMySQL = `SELECT 1 FROM sqllock_lease WHERE lock_key = ? AND owner = ?`
 
 	// unhold gives one hold of a reentrant lease back in one UPDATE, so that a
 	// concurrent re-entry by the same owner is counted either before or after it,

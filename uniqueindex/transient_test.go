@@ -10,6 +10,7 @@ import (
 	"github.com/sqllock/sqllock"
 	"github.com/sqllock/sqllock/internal/namekey"
 	"github.com/sqllock/sqllock/internal/sqlerr"
+	"github.com/sqllock/sqllock/internal/wait"
 	"github.com/sqllock/sqllock/testdb"
 )
 
@@ -78,7 +79,7 @@ func TestTransientErrors(t *testing.T) {
 		if _, err := db.ExecContext(testdb.Context(t, 30*time.Second), lockTimeoutSQL(t, db, d, false)); err != nil {
 			t.Fatal(err)
 		}
-		retried := map[string]chan struct{}{"refresh": make(chan struct{}, 1), "release": make(chan struct{}, 1)}
+		retried := map[string]chan struct{}{"keepalive": make(chan struct{}, 1), "release": make(chan struct{}, 1)}
 		counts := make(chan string, 100)
 		a := newLocker(t, db, d)
 		a.onTransient = func(op string, err error) {
@@ -115,11 +116,11 @@ func TestTransientErrors(t *testing.T) {
 			t.Fatal(err)
 		}
 		lease := sl.(*Lease)
-		for _, op := range []string{"refresh", "release"} {
+		for _, op := range []string{"keepalive", "release"} {
 			unblock := blockRow(t, admin, d, name)
 			res := make(chan error, 1)
 			go func() {
-				if op == "refresh" {
+				if op == "keepalive" { // Refresh runs one keep-alive
 					res <- lease.Refresh(ctx)
 				} else {
 					res <- lease.Release(ctx)
@@ -141,7 +142,7 @@ func TestTransientErrors(t *testing.T) {
 		// ends, and the row expires by its TTL.
 		const ttl = 2 * time.Second
 		name2 := testdb.Name(t)
-		lease2, err := a.Acquire(ctx, name2, sqllock.WithTTL(ttl))
+		lease2, err := a.Acquire(ctx, name2, sqllock.WithLeaseTTL(ttl))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -171,8 +172,8 @@ func TestTransientErrors(t *testing.T) {
 				break drain
 			}
 		}
-		if n != maxTransient-1 {
-			t.Errorf("Release retried %d times, want %d", n, maxTransient-1)
+		if n != wait.MaxTransient-1 {
+			t.Errorf("Release retried %d times, want %d", n, wait.MaxTransient-1)
 		}
 		select {
 		case <-lease2.Done():

@@ -8,14 +8,18 @@
 // database clock (clock_timestamp() on PostgreSQL, UTC_TIMESTAMP(6) on MySQL; the
 // client clock is never compared with the server's). A row whose lease has expired is
 // taken over atomically by the next attempt, so availability never waits for the
-// reaper. While a Lease is held, a watchdog goroutine renews it every RenewInterval
-// (default TTL/3). If a renewal finds the row deleted or taken over, or if no renewal
-// succeeded for TTL minus a safety margin (TTL/5) measured on the client's monotonic
-// clock from the start of the last successful renewal, the lease closes Done and Err
-// reports ErrLost. The server sets the expiry after it received the renewal, so the
-// client gives the lease up before the database lets another client take it over.
-// Transient renewal errors (a failover, a restart, a cut connection) are retried until
-// that deadline.
+// reaper, and an expired row is never renewed: expiry is final.
+//
+// While a Lease is held, a keep-alive renews it every keep-alive interval (default
+// TTL/3). If a renewal finds the row deleted, taken over or expired, or if no renewal
+// succeeded for TTL less a safety margin (TTL/5), measured on the client from the
+// start of the last successful renewal, the lease ends: Done closes and Err reports
+// ErrLost. The server sets the expiry after it received the renewal, so a holder that
+// is cut off, frozen or too slow gives the lease up before the database lets another
+// client take it over. Err and Done look at the clock themselves: a holder resumed
+// after a pause longer than its TTL learns of the loss at its first look. A renewal
+// round trip must take less than 7/15 of the TTL (TTL - margin - interval) for a
+// lease to survive one failed renewal; a grant that took long is renewed at once.
 //
 // # Fencing tokens
 //
@@ -25,7 +29,7 @@
 //   - PostgreSQL: one statement increments the counter (INSERT ... ON CONFLICT DO
 //     UPDATE, keeping the counter row locked until commit, so attempts on a name are
 //     serialised) and inserts or takes over the lease row with the new value.
-//   - MySQL: fence.Next increments the counter, then the lease row is written by an
+//   - MySQL: the counter is incremented first, then the lease row is written by an
 //     INSERT ... SELECT that reads the counter with a locking read (the latest
 //     committed value, whatever the isolation level) and inserts nothing if another
 //     attempt incremented it in between; that attempt is simply retried.
@@ -38,10 +42,13 @@
 //
 // # Owners and reentrancy
 //
-// Each Locker has a random owner identity; host and pid are stored for operators. An
-// acquisition with sqllock.WithOwner is reentrant: the same owner key re-acquiring a
-// lock it holds increments the hold count and gets the same token, and the lock is
-// free when every acquisition was released.
+// Every acquisition has an owner of its own (the Locker's random identity and a
+// nonce), so an attempt whose reply was lost is recognised as the caller's own when
+// it is retried, and is deleted if the caller gives up. Host and pid are stored for
+// operators. An acquisition with sqllock.WithOwner is reentrant within its Locker:
+// the same owner key re-acquiring a lock it holds through the same Locker increments
+// the hold count and gets the same token, and the lock is free when every acquisition
+// was released.
 //
 // # Waiting
 //
@@ -51,271 +58,133 @@
 // statement (two on MySQL) and no herd. On PostgreSQL a release sends a NOTIFY in its
 // DELETE statement; one shared LISTEN connection per Locker (outside the pool, opened
 // when a waiter first has to wait, closed by Close) wakes the first waiter of each
-// Locker, and a fallback poll (at most PollInterval, or at the holder's expiry as
-// computed by the database) covers lost notifications and dead holders. On MySQL
-// waiters back off exponentially with jitter, capped at PollInterval.
+// Locker, and a fallback poll (at most the poll interval, or at the holder's expiry
+// as computed by the database) covers lost notifications and dead holders. On MySQL
+// waiters back off exponentially with jitter, capped at the poll interval.
+//
+// # Failover
+//
+// A lease is as durable as the database: on an asynchronously replicated primary, a
+// failover to a replica that missed the last commits can forget a lease or repeat a
+// token. Use synchronous replication where that matters.
 //
 // # Cost
 //
 // Uncontended, Acquire+Release is two statements on PostgreSQL and three on MySQL
 // (fence increment, insert, delete; prepared once per Locker, so each is one round
 // trip with go-sql-driver's default settings). A renewal is one UPDATE per lease
-// every RenewInterval.
+// every keep-alive interval.
 package uniqueindex
 
 import (
 	"context"
-	"crypto/rand"
 	"database/sql"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/sqllock/sqllock"
-	"github.com/sqllock/sqllock/internal/backoff"
 	"github.com/sqllock/sqllock/internal/fence"
+	"github.com/sqllock/sqllock/internal/interrupt"
+	"github.com/sqllock/sqllock/internal/lease"
 	"github.com/sqllock/sqllock/internal/namekey"
-	"github.com/sqllock/sqllock/internal/sqlerr"
+	"github.com/sqllock/sqllock/internal/rowlease"
+	"github.com/sqllock/sqllock/internal/wait"
 )
 
 // Defaults of the options.
 const (
 	// DefaultTTL is the lease time: a holder that stops renewing loses the lock after it.
-	DefaultTTL = 30 * time.Second
+	DefaultTTL = rowlease.DefaultTTL
 	// DefaultPollInterval caps the time a waiter sleeps between attempts.
-	DefaultPollInterval = 2 * time.Second
+	DefaultPollInterval = rowlease.DefaultPollInterval
 	// DefaultAttemptTimeout bounds one attempt or one renewal statement.
-	DefaultAttemptTimeout = 10 * time.Second
+	DefaultAttemptTimeout = rowlease.DefaultAttemptTimeout
 )
 
-// maxTransient is how many times a statement that meets a transient error (deadlock,
-// serialization failure, lock wait timeout, duplicate key) is sent in a row: by
-// TryAcquire before it reports ErrNotAcquired, by Release and Refresh before they
-// report the error (wrapped in a *sqllock.Error).
-const maxTransient = 5
+// Option configures a Locker. Options are validated by New.
+type Option func(*rowlease.Config) error
 
-// transientPolicy spaces those retries: short, jittered, so that the two sides of a
-// deadlock do not meet again in step.
-var transientPolicy = backoff.Policy{Min: 2 * time.Millisecond, Max: 64 * time.Millisecond}
+// WithTTL sets the lease time of the Locker's leases (DefaultTTL): the
+// server-enforced bound, on the database clock, after which a holder that stopped
+// renewing loses the lock. sqllock.WithLeaseTTL overrides it for one acquisition.
+func WithTTL(d time.Duration) Option { return func(c *rowlease.Config) error { return c.SetTTL(d) } }
 
-// Option configures a Locker.
-type Option func(*config)
-
-type config struct {
-	ttl, renew, poll, attempt time.Duration
-	logger                    *slog.Logger
+// WithKeepalive sets how often a lease is renewed (default TTL/3). It must be
+// positive and at most half the TTL.
+func WithKeepalive(d time.Duration) Option {
+	return func(c *rowlease.Config) error { return c.SetInterval(d) }
 }
-
-// WithTTL sets the default lease time (DefaultTTL). It must be at least twice the
-// renewal interval.
-func WithTTL(d time.Duration) Option { return func(c *config) { c.ttl = d } }
-
-// WithRenewInterval sets how often the watchdog renews a lease (default TTL/3). It
-// must be positive and at most half the TTL.
-func WithRenewInterval(d time.Duration) Option { return func(c *config) { c.renew = d } }
 
 // WithPollInterval caps the sleep of a waiter between two attempts
 // (DefaultPollInterval).
-func WithPollInterval(d time.Duration) Option { return func(c *config) { c.poll = d } }
+func WithPollInterval(d time.Duration) Option {
+	return func(c *rowlease.Config) error { return c.SetPoll(d) }
+}
 
-// WithAttemptTimeout bounds each statement the Locker sends
-// (DefaultAttemptTimeout).
-func WithAttemptTimeout(d time.Duration) Option { return func(c *config) { c.attempt = d } }
+// WithAttemptTimeout bounds each statement the Locker sends (DefaultAttemptTimeout),
+// and never more than what is left of the caller's context.
+func WithAttemptTimeout(d time.Duration) Option {
+	return func(c *rowlease.Config) error { return c.SetAttempt(d) }
+}
 
-// WithLogger sets the logger of lease losses and listener errors (default
-// slog.Default()).
-func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
+// WithLogger sets the logger of lease losses and listener errors (default: none).
+func WithLogger(l *slog.Logger) Option {
+	return func(c *rowlease.Config) error { return c.SetLogger(l) }
+}
 
 // Locker acquires uniqueindex leases. It is safe for concurrent use. Close it when
 // done: it stops the PostgreSQL listener. Leases stay valid after Close until they are
 // released.
 type Locker struct {
-	db      *sql.DB
-	dialect sqllock.Dialect
-	cfg     config
-	owner   []byte // default owner: 'L' + random bytes
-	host    string
-	pid     int64
-	now     func() time.Time // monotonic durations only; injectable for tests
-
-	mu      sync.Mutex
-	queues  map[string]*queue                 // by key: in-process FIFO of waiters
-	waiters map[string]map[chan struct{}]bool // by key: wake channels
-	lis     *listener
-	closed  bool
-
-	// MySQL: statements prepared once (lazily, by the first exec of each query) and
-	// reused on every connection. No mutex is ever held across I/O: a statement is
-	// prepared outside any lock and published with LoadOrStore (the loser of a race
-	// closes its copy). After Close (stmtClosed), exec no longer prepares and runs
-	// its queries unprepared; a failed prepare is not remembered, the call simply
-	// runs unprepared.
-	stmts      sync.Map // query string -> *sql.Stmt
-	stmtClosed atomic.Bool
+	b *rowlease.Locker
 
 	onTransient func(op string, err error) // test hook: a transient error is retried
 }
 
-// retryTransient runs f until it returns nil or an error that is not transient, at
-// most maxTransient times, sleeping a short jittered backoff (or until ctx ends)
-// between attempts. It returns f's last error. f must be safe to repeat: every
-// statement it sends is atomic, and a deadlock or lock wait timeout rolls the
-// statement back.
+// retryTransient is wait.Retry with the Locker's transient-error hook.
 func (l *Locker) retryTransient(ctx context.Context, op string, f func() error) error {
-	for attempt := 1; ; attempt++ {
-		err := f()
-		if err == nil || !sqlerr.Transient(err) || attempt >= maxTransient {
-			return err
-		}
-		l.transient(op, err)
-		if backoff.Sleep(ctx, transientPolicy.Delay(attempt-1), nil) != nil {
-			return err
-		}
-	}
+	return wait.Retry(ctx, f, func(err error) { l.transient(op, err) })
 }
 
 // transient notes a transient error about to be retried.
 func (l *Locker) transient(op string, err error) {
-	l.cfg.logger.Debug("sqllock/uniqueindex: transient error, retrying", "op", op, "err", err)
+	l.b.Cfg.Logger.Debug("sqllock/uniqueindex: transient error, retrying", "op", op, "err", err)
 	if l.onTransient != nil {
 		l.onTransient(op, err)
 	}
 }
 
-// New returns a Locker on db, which must have been migrated (migrations.Up). It
-// returns an error matching sqllock.ErrInvalidOption for an invalid dialect or option.
+// New returns a Locker on db, which must have been migrated (migrations.Up). It sends
+// no SQL. It returns an error matching sqllock.ErrInvalidOption for an invalid
+// dialect or option.
 func New(db *sql.DB, d sqllock.Dialect, opts ...Option) (*Locker, error) {
-	cfg := config{ttl: DefaultTTL, poll: DefaultPollInterval, attempt: DefaultAttemptTimeout}
-	for _, o := range opts {
-		o(&cfg)
+	cfg := rowlease.Defaults()
+	if err := lease.New("uniqueindex", db, d, &cfg, &cfg.Config, opts); err != nil {
+		return nil, err
 	}
-	bad := func(format string, a ...any) (*Locker, error) {
-		return nil, &sqllock.Error{Op: "new", Dialect: d, Kind: sqllock.ErrInvalidOption, Err: fmt.Errorf(format, a...)}
-	}
-	switch {
-	case db == nil:
-		return bad("nil *sql.DB")
-	case !d.Valid():
-		return bad("unknown dialect %v", d)
-	case cfg.ttl <= 0:
-		return bad("TTL %v is not positive", cfg.ttl)
-	case cfg.renew < 0:
-		return bad("renewal interval %v is negative", cfg.renew)
-	case cfg.poll <= 0:
-		return bad("poll interval %v is not positive", cfg.poll)
-	case cfg.attempt <= 0:
-		return bad("attempt timeout %v is not positive", cfg.attempt)
-	}
-	if cfg.renew == 0 {
-		cfg.renew = cfg.ttl / 3
-	}
-	if cfg.ttl < 2*cfg.renew {
-		return bad("TTL %v is shorter than twice the renewal interval %v", cfg.ttl, cfg.renew)
-	}
-	if cfg.ttl < 10*time.Millisecond {
-		return bad("TTL %v is shorter than 10ms", cfg.ttl)
-	}
-	if cfg.logger == nil {
-		cfg.logger = slog.Default()
-	}
-	id := make([]byte, 17)
-	id[0] = 'L'
-	rand.Read(id[1:])
-	host, _ := os.Hostname()
-	if len(host) > 255 {
-		host = host[:255]
-	}
-	return &Locker{
-		db: db, dialect: d, cfg: cfg, owner: id, host: host, pid: int64(os.Getpid()),
-		now:     time.Now,
-		queues:  map[string]*queue{},
-		waiters: map[string]map[chan struct{}]bool{},
-	}, nil
+	return &Locker{b: rowlease.New("uniqueindex", db, d, cfg, channel)}, nil
 }
 
 // Close stops the shared PostgreSQL listener and wakes the waiters, which go on by
 // polling. Held leases are not released. Close is idempotent.
 func (l *Locker) Close() error {
-	l.mu.Lock()
-	lis := l.lis
-	l.lis = nil
-	l.closed = true
-	l.mu.Unlock()
-	if lis != nil {
-		lis.stop()
-	}
-	// Close the prepared statements without waiting for statements in flight
-	// (sql.Stmt.Close waits for them): a renewal or attempt must never wait for
-	// Close, nor Close for them.
-	l.stmtClosed.Store(true)
-	var sts []*sql.Stmt
-	l.stmts.Range(func(k, v any) bool {
-		if l.stmts.CompareAndDelete(k, v) {
-			sts = append(sts, v.(*sql.Stmt))
-		}
-		return true
-	})
-	if len(sts) > 0 {
-		go func() {
-			for _, st := range sts {
-				st.Close()
-			}
-		}()
-	}
+	l.b.Close()
 	return nil
 }
 
-// exec runs query on the pool. On MySQL it uses a statement prepared once per Locker:
-// go-sql-driver otherwise prepares, executes and closes a statement for every call
-// with arguments (three round trips instead of one).
+// exec runs query through the Locker's statement cache (prepared once per Locker on
+// MySQL).
 func (l *Locker) exec(ctx context.Context, query string, args ...any) (sql.Result, error) {
-	if l.dialect != sqllock.MySQL {
-		return l.db.ExecContext(ctx, query, args...)
-	}
-	if st := l.stmt(ctx, query); st != nil {
-		res, err := st.ExecContext(ctx, args...)
-		if err == nil || !l.stmtClosed.Load() || err.Error() != "sql: statement is closed" {
-			return res, err
-		}
-		// Closed by Close meanwhile: run it unprepared.
-	}
-	return l.db.ExecContext(ctx, query, args...)
-}
-
-// stmt returns the prepared statement of query, preparing it if needed, or nil after
-// Close or if preparing failed. It holds no lock.
-func (l *Locker) stmt(ctx context.Context, query string) *sql.Stmt {
-	if v, ok := l.stmts.Load(query); ok {
-		return v.(*sql.Stmt)
-	}
-	if l.stmtClosed.Load() {
-		return nil
-	}
-	st, err := l.db.PrepareContext(ctx, query)
-	if err != nil {
-		return nil
-	}
-	if v, loaded := l.stmts.LoadOrStore(query, st); loaded {
-		st.Close() // not used by anyone yet
-		return v.(*sql.Stmt)
-	}
-	if l.stmtClosed.Load() && l.stmts.CompareAndDelete(query, st) {
-		// Close ran meanwhile and may not have seen it: this call owns it, unused.
-		st.Close()
-		return nil
-	}
-	return st
+	return l.b.Stmts.Exec(ctx, query, args...)
 }
 
 // Acquire waits until the lock name is held, or ctx ends. See sqllock.Locker.
-// sqllock.WithOwner makes the acquisition reentrant; sqllock.WithTTL overrides the
-// lease time (its renewal interval is then a third of it).
+// sqllock.WithOwner makes the acquisition reentrant within this Locker;
+// sqllock.WithLeaseTTL overrides the lease time (its keep-alive interval is then a
+// third of it).
 func (l *Locker) Acquire(ctx context.Context, name string, opts ...sqllock.AcquireOption) (sqllock.Lease, error) {
 	le, err := l.acquire(ctx, "acquire", name, opts, true)
 	if err != nil {
@@ -338,162 +207,76 @@ type attemptResult struct {
 	ok        bool
 	token     int64
 	remaining time.Duration // holder's remaining lease, 0 if unknown
+	start     time.Time     // when the statement that set the expiry was sent
 }
 
-func (l *Locker) errorf(op, name string, kind, err error) error {
-	return &sqllock.Error{Op: op, Dialect: l.dialect, Name: name, Kind: kind, Err: err}
-}
-
-func (l *Locker) acquire(ctx context.Context, op, name string, opts []sqllock.AcquireOption, wait bool) (*Lease, error) {
-	if err := sqllock.ValidateName(name); err != nil {
-		return nil, err
-	}
-	ac, err := sqllock.ApplyAcquireOptions(op, l.dialect, name, opts)
+func (l *Locker) acquire(ctx context.Context, op, name string, opts []sqllock.AcquireOption, block bool) (*Lease, error) {
+	ac, tm, err := l.b.Prelude(ctx, op, name, opts)
 	if err != nil {
 		return nil, err
 	}
-	if err := ctx.Err(); err != nil {
-		return nil, l.errorf(op, name, sqllock.ErrNotAcquired, err)
-	}
-	ttl, renew := l.cfg.ttl, l.cfg.renew
-	if ac.TTL > 0 {
-		ttl, renew = ac.TTL, ac.TTL/3
-		if ttl < 10*time.Millisecond {
-			return nil, l.errorf(op, name, sqllock.ErrInvalidOption, fmt.Errorf("TTL %v is shorter than 10ms", ttl))
-		}
-	}
-	owner, reentrant := l.owner, false
-	if ac.Owner != "" {
-		owner, reentrant = append([]byte{'K'}, ac.Owner...), true
-	}
+	reentrant := ac.Owner != ""
+	owner := l.b.Owner('L', ac.Owner)
 	key := namekey.Key(name)
-	skey := string(key)
-
-	// Waiters of this Locker queue in the process; the first sends attempts. A
-	// reentrant acquisition must not queue behind its own owner's hold.
-	var slot *queue
-	if wait && !reentrant {
-		slot, err = l.enqueue(ctx, skey)
-		if err != nil {
-			return nil, l.errorf(op, name, sqllock.ErrNotAcquired, err)
+	var res attemptResult
+	slot, uncertain, kind, err := wait.Loop{
+		Hub: l.b.Hub, Key: string(key), Block: block, Queue: !reentrant, Poll: l.b.Cfg.Poll, Log: l.b.Cfg.Logger,
+		OnTransient: func(err error) { l.transient(op, err) },
+		Attempt: func(ctx context.Context) (wait.Result, error) {
+			var err error
+			res, err = l.attempt(ctx, key, name, owner, tm.TTL, reentrant)
+			if err == nil && res.ok {
+				res.start, res.ok, err = l.b.Fresh(ctx, res.start, tm.TTL, func(ctx context.Context) (bool, error) {
+					n, err := l.b.Changed(ctx, nil, l.b.Pick(renewPostgres, renewMySQL), renewArgs(l.b.Dialect, key, owner, res.token, tm.TTL)...)
+					return n > 0, err
+				})
+			}
+			return wait.Result{Acquired: err == nil && res.ok, HolderLeft: res.remaining}, err
+		},
+	}.Run(ctx)
+	if err != nil {
+		if uncertain && !reentrant {
+			l.forget(ctx, key, owner)
 		}
+		return nil, l.b.Errorf(op, name, kind, err)
 	}
-	freeSlot := func() {
-		if slot != nil {
-			l.dequeue(skey, slot)
-			slot = nil
-		}
+	le := l.newLease(name, key, owner, res.token, tm, reentrant, res.start, slot)
+	if err := lease.Granted(ctx, le.core.Label(), op, le.Release); err != nil {
+		return nil, err
 	}
-	var wake chan struct{}
-	if wait {
-		wake = l.subscribe(skey)
-		defer l.unsubscribe(skey, wake)
-	}
-
-	pol := backoff.Policy{Min: 2 * time.Millisecond, Max: l.cfg.poll}
-	transient := 0
-	for attempt := 0; ; attempt++ {
-		start := l.now()
-		res, err := l.attempt(ctx, key, name, owner, ttl, reentrant)
-		switch {
-		case err == nil && res.ok:
-			le := l.newLease(name, key, owner, res.token, ttl, renew, reentrant, start, slot)
-			if ctx.Err() != nil {
-				// Granted as ctx ended: give it back, leave nothing behind.
-				rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.cfg.attempt)
-				le.Release(rctx)
-				cancel()
-				return nil, l.errorf(op, name, sqllock.ErrNotAcquired, ctx.Err())
-			}
-			return le, nil
-		case err == nil:
-			transient = 0
-		case sqlerr.Transient(err):
-			// A conflict with a concurrent attempt, release, renewal or sweep: it means
-			// "not acquired yet", never an error of the caller's.
-			transient++
-			if !wait && transient >= maxTransient {
-				freeSlot()
-				return nil, l.errorf(op, name, sqllock.ErrNotAcquired, err)
-			}
-			l.transient(op, err)
-			if !wait {
-				if err := backoff.Sleep(ctx, transientPolicy.Delay(transient-1), nil); err != nil {
-					return nil, l.errorf(op, name, sqllock.ErrNotAcquired, err)
-				}
-				continue
-			}
-		case ctx.Err() == nil && attemptTimedOut(err):
-			// The attempt ran past the attempt timeout (typically waiting for a row lock
-			// held by the holder's Check transaction) while the caller's ctx is alive:
-			// not acquired yet. The statement was cancelled and rolled back.
-			if !wait {
-				return nil, l.errorf(op, name, sqllock.ErrNotAcquired, err)
-			}
-			l.cfg.logger.Debug("sqllock/uniqueindex: attempt timed out, retrying", "name", name, "err", err)
-		case wait && sqlerr.Is(err, sqlerr.SessionLost) && ctx.Err() == nil:
-			// The server restarted or the connection was cut: keep waiting.
-			l.cfg.logger.Debug("sqllock/uniqueindex: attempt failed, retrying", "name", name, "err", err)
-		default:
-			freeSlot()
-			if ctx.Err() != nil {
-				return nil, l.errorf(op, name, sqllock.ErrNotAcquired, ctx.Err())
-			}
-			return nil, l.errorf(op, name, nil, err)
-		}
-		if !wait {
-			return nil, l.errorf(op, name, sqllock.ErrNotAcquired, errors.New("held by another owner"))
-		}
-		d := pol.Delay(attempt)
-		if l.dialect == sqllock.Postgres {
-			l.listen()
-			// Woken by NOTIFY; poll slowly in case it was lost, and at the holder's
-			// expiry in case the holder died.
-			d = backoff.Policy{Min: l.cfg.poll / 2, Max: l.cfg.poll}.Delay(1)
-			if res.remaining > 0 && res.remaining+time.Millisecond < d {
-				d = res.remaining + time.Millisecond
-			}
-			if err != nil {
-				d = pol.Delay(attempt)
-			}
-		}
-		if err := backoff.Sleep(ctx, d, wake); err != nil {
-			freeSlot()
-			return nil, l.errorf(op, name, sqllock.ErrNotAcquired, err)
-		}
-	}
+	return le, nil
 }
 
-// attemptTimedOut reports whether err is the end of an attempt cut by the attempt
-// timeout: the context's error, or the server's "statement cancelled" (57014, 1317).
-func attemptTimedOut(err error) bool {
-	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) ||
-		sqlerr.Is(err, sqlerr.Canceled)
-}
-
-// attempt makes one attempt. It runs detached from ctx (bounded by the attempt
-// timeout) so that a grant is never lost in flight: the caller releases it if ctx
-// ended meanwhile.
+// attempt makes one attempt.
 func (l *Locker) attempt(ctx context.Context, key []byte, name string, owner []byte, ttl time.Duration, reentrant bool) (attemptResult, error) {
-	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.cfg.attempt)
+	actx, cancel := l.b.AttemptContext(ctx)
 	defer cancel()
 	us := ttl.Microseconds()
-	if l.dialect == sqllock.Postgres {
+	if l.b.Dialect == sqllock.Postgres {
 		var tok, holds, rem int64
-		err := l.db.QueryRowContext(actx, acquirePostgres, key, []byte(name), owner, us, reentrant, l.host, l.pid).Scan(&tok, &holds, &rem)
+		var res attemptResult
+		err := l.onConn(actx, func(qctx context.Context, conn *sql.Conn) error {
+			// The grant's clock starts when the statement is sent, not before the
+			// connection was obtained (possibly dialled).
+			res.start = l.b.Now()
+			return conn.QueryRowContext(qctx, acquirePostgres, key, []byte(name), owner, us, reentrant, l.b.Host, l.b.PID).Scan(&tok, &holds, &rem)
+		})
 		if errors.Is(err, sql.ErrNoRows) {
 			return attemptResult{}, nil
 		}
 		if err != nil {
 			return attemptResult{}, err
 		}
-		return attemptResult{ok: tok > 0, token: tok, remaining: time.Duration(rem) * time.Microsecond}, nil
+		res.ok, res.token, res.remaining = tok > 0, tok, time.Duration(rem)*time.Microsecond
+		return res, nil
 	}
 	t, err := l.fenceNext(actx, key, name)
 	if err != nil {
 		return attemptResult{}, err
 	}
-	res, err := l.exec(actx, acquireMySQL, owner, us, l.host, l.pid, key, t, reentrant, reentrant, reentrant)
+	start := l.b.Now()
+	res, err := l.exec(actx, acquireMySQL, owner, us, l.b.Host, l.b.PID, key, t,
+		reentrant, owner, owner, l.b.Host, l.b.PID, owner, owner, us)
 	if err != nil {
 		return attemptResult{}, err
 	}
@@ -502,7 +285,7 @@ func (l *Locker) attempt(ctx context.Context, key []byte, name string, owner []b
 		return attemptResult{}, err
 	}
 	if id > 0 { // the update branch ran: see acquireMySQL
-		return attemptResult{ok: id%2 == 1, token: id / 2}, nil
+		return attemptResult{ok: id%2 == 1, token: id / 2, start: start}, nil
 	}
 	n, err := res.RowsAffected()
 	if err != nil {
@@ -510,7 +293,47 @@ func (l *Locker) attempt(ctx context.Context, key []byte, name string, owner []b
 	}
 	// Inserted (1 row), or overtaken by a later fence increment (no row): the same
 	// count with or without clientFoundRows.
-	return attemptResult{ok: n == 1, token: t}, nil
+	return attemptResult{ok: n == 1, token: t, start: start}, nil
+}
+
+// onConn runs a PostgreSQL statement on a connection of its own whose wait the
+// server abandons when ctx ends (a cancel request, see internal/interrupt), so that
+// no backend goes on waiting, and maybe commits, after the caller gave up.
+func (l *Locker) onConn(ctx context.Context, stmt func(qctx context.Context, conn *sql.Conn) error) error {
+	conn, err := l.b.DB.Conn(ctx)
+	if err != nil {
+		return err
+	}
+	dirty, err := interrupt.Interrupter{DB: l.b.DB, Logger: l.b.Cfg.Logger}.Run(ctx,
+		interrupt.Target{PgConn: interrupt.PgConn(conn), Label: "uniqueindex attempt"}, false,
+		func(qctx context.Context) error { return stmt(qctx, conn) })
+	interrupt.Release(conn, dirty)
+	return err
+}
+
+// forget deletes the row an attempt of owner may have committed without the caller
+// learning of it (see wait.Forget), waiting at most the attempt timeout (and
+// GiveBackTimeout). On MySQL a statement abandoned while it waited in the server may
+// still commit after this; such a row, renewed by nobody, expires after its TTL.
+func (l *Locker) forget(ctx context.Context, key, owner []byte) {
+	var probe func(context.Context) (bool, error)
+	q := forgetMySQL
+	if l.b.Dialect == sqllock.Postgres {
+		q = forgetPostgres
+	} else {
+		probe = func(ctx context.Context) (bool, error) {
+			var one int
+			err := l.b.DB.QueryRowContext(ctx, forgetProbeMySQL, key, owner).Scan(&one)
+			if errors.Is(err, sql.ErrNoRows) {
+				return false, nil
+			}
+			return err == nil, err
+		}
+	}
+	wait.Forget(ctx, min(lease.GiveBackTimeout, l.b.Cfg.Attempt), probe, func(ctx context.Context) error {
+		_, err := l.exec(ctx, q, key, owner)
+		return err
+	}, l.b.Cfg.Logger)
 }
 
 // fenceNext is fence.Next on MySQL, through a prepared statement.
@@ -520,100 +343,6 @@ func (l *Locker) fenceNext(ctx context.Context, key []byte, name string) (int64,
 		return 0, err
 	}
 	return fence.MySQLToken(res)
-}
-
-// queue is the in-process FIFO of one Locker's waiters for one key: a one-slot
-// channel whose blocked senders the Go runtime serves in order.
-type queue struct {
-	slot chan struct{}
-	refs int
-}
-
-func (l *Locker) enqueue(ctx context.Context, key string) (*queue, error) {
-	l.mu.Lock()
-	q := l.queues[key]
-	if q == nil {
-		q = &queue{slot: make(chan struct{}, 1)}
-		l.queues[key] = q
-	}
-	q.refs++
-	l.mu.Unlock()
-	select {
-	case q.slot <- struct{}{}:
-		return q, nil
-	case <-ctx.Done():
-		l.unref(key, q)
-		return nil, ctx.Err()
-	}
-}
-
-func (l *Locker) dequeue(key string, q *queue) {
-	<-q.slot
-	l.unref(key, q)
-}
-
-func (l *Locker) unref(key string, q *queue) {
-	l.mu.Lock()
-	q.refs--
-	if q.refs == 0 && l.queues[key] == q {
-		delete(l.queues, key)
-	}
-	l.mu.Unlock()
-}
-
-// subscribe registers a wake channel for key, and starts the listener on PostgreSQL.
-func (l *Locker) subscribe(key string) chan struct{} {
-	ch := make(chan struct{}, 1)
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	m := l.waiters[key]
-	if m == nil {
-		m = map[chan struct{}]bool{}
-		l.waiters[key] = m
-	}
-	m[ch] = true
-	return ch
-}
-
-// listen starts the shared listener on PostgreSQL, once a waiter has to wait.
-func (l *Locker) listen() {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.dialect == sqllock.Postgres && l.lis == nil && !l.closed {
-		l.lis = startListener(l)
-	}
-}
-
-func (l *Locker) unsubscribe(key string, ch chan struct{}) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if m := l.waiters[key]; m != nil {
-		delete(m, ch)
-		if len(m) == 0 {
-			delete(l.waiters, key)
-		}
-	}
-}
-
-// wake wakes the waiters of key, or every waiter if all.
-func (l *Locker) wake(key string, all bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	poke := func(m map[chan struct{}]bool) {
-		for ch := range m {
-			select {
-			case ch <- struct{}{}:
-			default:
-			}
-		}
-	}
-	if all {
-		for _, m := range l.waiters {
-			poke(m)
-		}
-		return
-	}
-	poke(l.waiters[key])
 }
 
 // Sweeper deletes expired lease rows for the reaper package (it implements
@@ -704,6 +433,3 @@ func (s *Sweeper) candidates(ctx context.Context, us int64, limit int) ([][]byte
 	}
 	return keys, rows.Err()
 }
-
-// hexKey is the NOTIFY payload of a key.
-func hexKey(key []byte) string { return hex.EncodeToString(key) }

@@ -5,17 +5,25 @@
 //
 //	sqllock [-dsn DSN] migrate up|down|version
 //	sqllock [-dsn DSN] status
-//	sqllock [-dsn DSN] force-release NAME
+//	sqllock [-dsn DSN] force-release [-now] NAME
 //
 // The DSN comes from -dsn or the environment variable SQLLOCK_DSN: a PostgreSQL URL
 // or key=value string (postgres://user@host/db) for pgx, otherwise a go-sql-driver
 // DSN (user:pass@tcp(host:3306)/db). The dialect is asked from the server.
 //
 // status lists the uniqueindex leases (name, owner host and pid, hold count, token,
-// time left by the database clock). force-release deletes a lease row: its holder's
-// watchdog reports ErrLost within one renewal interval, and waiters may take the
-// lock at once. Session locks (advisory) and row locks (forupdate) belong to live
-// sessions: end those with pg_terminate_backend or KILL.
+// time left by the database clock).
+//
+// force-release revokes a lease: its holder's next renewal fails, so the holder
+// reports ErrLost within one keep-alive interval, and the row stays until its
+// current expiry, which lies after the holder's local deadline: nobody else can
+// acquire the lock before the holder was told. force-release -now deletes the row
+// instead: waiters may take the lock at once, while the holder learns of it only at
+// its next renewal (two holders meanwhile) — for a holder known to be dead.
+//
+// Session locks (advisory) and row locks (forupdate) belong to live sessions: end
+// those with pg_terminate_backend or KILL; the holder is told within one keep-alive
+// interval, after the lock may already have been granted to another client.
 package main
 
 import (
@@ -53,7 +61,7 @@ func main() {
 const usage = `usage:
   sqllock [-dsn DSN] migrate up|down|version
   sqllock [-dsn DSN] status
-  sqllock [-dsn DSN] force-release NAME
+  sqllock [-dsn DSN] force-release [-now] NAME
 The DSN comes from -dsn or SQLLOCK_DSN.`
 
 var errUsage = errors.New("bad usage")
@@ -94,7 +102,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	case rest[0] == "status" && len(rest) == 1:
 		return status(ctx, db, d, stdout)
 	case rest[0] == "force-release" && len(rest) == 2:
-		return forceRelease(ctx, db, d, rest[1], stdout)
+		return forceRelease(ctx, db, d, rest[1], false, stdout)
+	case rest[0] == "force-release" && len(rest) == 3 && (rest[1] == "-now" || rest[1] == "--now"):
+		return forceRelease(ctx, db, d, rest[2], true, stdout)
 	}
 	fs.Usage()
 	return errUsage
@@ -184,21 +194,42 @@ func display(name string) string {
 	return name
 }
 
-func forceRelease(ctx context.Context, db *sql.DB, d sqllock.Dialect, name string, out io.Writer) error {
+// revoked is the owner a revoked lease row gets: no acquisition has it (theirs start
+// with 'L' or 'K'), so the holder's renewals, Check and Release find the row gone.
+const revoked = "R"
+
+func forceRelease(ctx context.Context, db *sql.DB, d sqllock.Dialect, name string, now bool, out io.Writer) error {
 	if err := sqllock.ValidateName(name); err != nil {
 		return err
 	}
 	key := namekey.Key(name)
 	var n int64
-	if d == sqllock.Postgres {
+	switch {
+	case now && d == sqllock.Postgres:
 		// Wake waiters as a Release does (channel and payload of uniqueindex).
 		q := `WITH d AS (DELETE FROM sqllock_lease WHERE lock_key = $1 RETURNING lock_key)
 SELECT count(*) FROM (SELECT pg_notify('sqllock_lease', encode(lock_key, 'hex')) FROM d) x`
 		if err := db.QueryRowContext(ctx, q, key).Scan(&n); err != nil {
 			return err
 		}
-	} else {
+	case now:
 		res, err := db.ExecContext(ctx, "DELETE FROM sqllock_lease WHERE lock_key = ?", key)
+		if err != nil {
+			return err
+		}
+		if n, err = res.RowsAffected(); err != nil {
+			return err
+		}
+	default:
+		q := "UPDATE sqllock_lease SET owner = ? WHERE lock_key = ? AND owner <> ? AND expires_at > UTC_TIMESTAMP(6)"
+		if d == sqllock.Postgres {
+			q = "UPDATE sqllock_lease SET owner = $1 WHERE lock_key = $2 AND owner <> $1 AND expires_at > clock_timestamp()"
+		}
+		args := []any{[]byte(revoked), key, []byte(revoked)}
+		if d == sqllock.Postgres {
+			args = args[:2]
+		}
+		res, err := db.ExecContext(ctx, q, args...)
 		if err != nil {
 			return err
 		}
@@ -207,8 +238,12 @@ SELECT count(*) FROM (SELECT pg_notify('sqllock_lease', encode(lock_key, 'hex'))
 		}
 	}
 	if n == 0 {
-		return fmt.Errorf("no lease named %s", display(name))
+		return fmt.Errorf("no live lease named %s", display(name))
 	}
-	fmt.Fprintf(out, "released %s\n", display(name))
+	if now {
+		fmt.Fprintf(out, "released %s now (its holder may still run until its next renewal)\n", display(name))
+	} else {
+		fmt.Fprintf(out, "revoked %s: its holder is told at its next renewal; the lock is free when the lease expires\n", display(name))
+	}
 	return nil
 }

@@ -27,18 +27,26 @@ func runCLI(t *testing.T, args ...string) (string, error) {
 }
 
 // TestStatusAndForceRelease: status shows a held lease with its token; force-release
-// deletes it, and the holder learns of the loss from its watchdog.
+// revokes it: the holder learns of the loss at its next renewal, strictly before
+// another client can acquire (which it can once the lease expires); force-release
+// -now deletes the row at once.
 func TestStatusAndForceRelease(t *testing.T) {
 	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
 		dsn := testdb.DSN(t, d)
 		if out, err := runCLI(t, "-dsn", dsn, "migrate", "version"); err != nil || !strings.Contains(out, "schema version") {
 			t.Fatalf("migrate version: %v\n%s", err, out)
 		}
-		l, err := uniqueindex.New(testdb.Open(t, d), d, uniqueindex.WithTTL(3*time.Second))
+		const ttl = 3 * time.Second
+		l, err := uniqueindex.New(testdb.Open(t, d), d, uniqueindex.WithTTL(ttl))
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { l.Close() })
+		other, err := uniqueindex.New(testdb.Open(t, d), d, uniqueindex.WithTTL(ttl), uniqueindex.WithPollInterval(50*time.Millisecond))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { other.Close() })
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		name := testdb.Name(t, "nightly")
@@ -62,20 +70,59 @@ func TestStatusAndForceRelease(t *testing.T) {
 		if f := strings.Fields(line); len(f) < 5 || f[4] != strconv.FormatInt(lease.Token(), 10) {
 			t.Errorf("status line %q does not show token %d", line, lease.Token())
 		}
-		if out, err := runCLI(t, "-dsn", dsn, "force-release", name); err != nil || !strings.Contains(out, "released") {
+		got := make(chan time.Time, 1)
+		go func() {
+			le, err := other.Acquire(ctx, name)
+			if err != nil {
+				t.Error(err)
+				close(got)
+				return
+			}
+			at := time.Now()
+			if err := le.Release(ctx); err != nil {
+				t.Error(err)
+			}
+			got <- at // after the release: the name is free again below
+		}()
+		if out, err := runCLI(t, "-dsn", dsn, "force-release", name); err != nil || !strings.Contains(out, "revoked") {
 			t.Fatalf("force-release: %v\n%s", err, out)
 		}
+		revokedAt := time.Now()
 		select {
 		case <-lease.Done():
-		case <-time.After(5 * time.Second):
-			t.Fatal("the holder did not notice the forced release within 5s (renewal every 1s)")
+		case <-time.After(ttl):
+			t.Fatal("the holder did not notice the revocation within its TTL (renewal every 1s)")
 		}
+		lostAt := time.Now()
 		if !errors.Is(lease.Err(), sqllock.ErrLost) {
 			t.Errorf("Err after force-release = %v, want ErrLost", lease.Err())
+		}
+		at, ok := <-got
+		if ok && !at.After(lostAt) {
+			t.Errorf("another client acquired %v after the revocation, before the holder was told (%v)", at.Sub(revokedAt), lostAt.Sub(revokedAt))
+		}
+		t.Logf("revoked: holder told after %v, next holder in after %v", lostAt.Sub(revokedAt).Round(time.Millisecond), at.Sub(revokedAt).Round(time.Millisecond))
+		if err := lease.Release(ctx); !errors.Is(err, sqllock.ErrLost) {
+			t.Errorf("Release after revocation = %v, want ErrLost", err)
 		}
 		if _, err := runCLI(t, "-dsn", dsn, "force-release", name); err == nil {
 			t.Error("force-release of a free name succeeded")
 		}
+
+		// -now: the row goes at once.
+		lease, err = l.Acquire(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if out, err := runCLI(t, "-dsn", dsn, "force-release", "-now", name); err != nil || !strings.Contains(out, "released") {
+			t.Fatalf("force-release -now: %v\n%s", err, out)
+		}
+		le, err := other.TryAcquire(ctx, name)
+		if err != nil {
+			t.Fatalf("TryAcquire right after force-release -now: %v", err)
+		}
+		le.Release(ctx)
+		<-lease.Done()
 	})
 }
 

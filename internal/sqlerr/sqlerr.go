@@ -8,6 +8,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"strconv"
 	"strings"
 
 	"github.com/go-sql-driver/mysql"
@@ -111,3 +112,17 @@ func Transient(err error) bool {
 
 // Is reports whether err is of class c.
 func Is(err error, c Class) bool { return Classify(err) == c }
+
+// IsCode reports whether err is a PostgreSQL error with SQLSTATE code, or a MySQL
+// error whose number, in decimal, is code.
+func IsCode(err error, code string) bool {
+	var pg *pgconn.PgError
+	if errors.As(err, &pg) {
+		return pg.Code == code
+	}
+	var my *mysql.MySQLError
+	if errors.As(err, &my) {
+		return strconv.Itoa(int(my.Number)) == code
+	}
+	return false
+}

@@ -65,14 +65,15 @@ func TestClassifyRealErrors(t *testing.T) {
 		}
 		defer conn.Close()
 		var id int64
-		idQ, killQ := "SELECT pg_backend_pid()", "SELECT pg_terminate_backend($1)"
+		idQ, killQ := "SELECT pg_backend_pid()", "SELECT pg_terminate_backend(%d)"
 		if d == sqllock.MySQL {
-			idQ, killQ = "SELECT CONNECTION_ID()", "KILL ?"
+			// KILL takes no placeholder on MySQL (6413).
+			idQ, killQ = "SELECT CONNECTION_ID()", "KILL %d"
 		}
 		if err := conn.QueryRowContext(ctx, idQ).Scan(&id); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := admin.ExecContext(ctx, killQ, id); err != nil {
+		if _, err := admin.ExecContext(ctx, fmt.Sprintf(killQ, id)); err != nil {
 			t.Fatal(err)
 		}
 		// The kill is asynchronous on the server: the next statements fail once it lands.

@@ -1,29 +1,29 @@
-package uniqueindex
+package wait
 
 import (
 	"context"
 	"encoding/hex"
 	"errors"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/sqllock/sqllock/internal/backoff"
 )
 
-// listener is the one LISTEN connection of a PostgreSQL Locker, opened when a waiter
-// first has to wait and closed by Locker.Close. If the driver is not pgx's stdlib, or
+// listener is the one LISTEN connection of a PostgreSQL Hub, opened when a waiter
+// first has to wait and closed by Hub.Close. If the driver exposes no *pgx.Conn, or
 // the connection fails, waiters poll.
 type listener struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 }
 
-func startListener(l *Locker) *listener {
+func startListener(h *Hub) *listener {
 	ctx, cancel := context.WithCancel(context.Background())
 	lis := &listener{cancel: cancel, done: make(chan struct{})}
-	go lis.run(ctx, l)
+	go lis.run(ctx, h)
 	return lis
 }
 
@@ -32,45 +32,46 @@ func (lis *listener) stop() {
 	<-lis.done
 }
 
-func (lis *listener) run(ctx context.Context, l *Locker) {
+func (lis *listener) run(ctx context.Context, h *Hub) {
 	defer close(lis.done)
-	defer l.wake("", true)
+	defer h.WakeAll()
 	pol := backoff.Policy{Min: 100 * time.Millisecond, Max: 5 * time.Second}
 	for attempt := 0; ctx.Err() == nil; attempt++ {
-		err := lis.listen(ctx, l)
+		err := lis.listen(ctx, h)
 		if ctx.Err() != nil {
 			return
 		}
 		if errors.Is(err, errNotPgx) {
-			l.cfg.logger.Info("sqllock/uniqueindex: driver is not pgx stdlib; waiters poll")
+			h.log.Info("sqllock/" + h.strategy + ": the driver exposes no *pgx.Conn; waiters poll")
 			return
 		}
-		l.cfg.logger.Warn("sqllock/uniqueindex: listener failed, waiters poll until it is back", "err", err)
-		l.wake("", true)
+		h.log.Warn("sqllock/"+h.strategy+": listener failed, waiters poll until it is back", "err", err)
+		h.WakeAll()
 		if backoff.Sleep(ctx, pol.Delay(attempt), nil) != nil {
 			return
 		}
 	}
 }
 
-var errNotPgx = errors.New("not a pgx stdlib connection")
+var errNotPgx = errors.New("the driver connection exposes no *pgx.Conn")
 
 // listen runs one LISTEN session until it fails or ctx ends. The session is a
-// connection of its own, outside the pool (same configuration as the pool's
-// connections), so it never takes a slot of the application's pool.
-func (lis *listener) listen(ctx context.Context, l *Locker) error {
+// connection of its own, outside the pool (configured like the pool's connections),
+// so it never takes a slot of the application's pool. Any driver connection that has
+// a Conn() *pgx.Conn method works (pgx's stdlib, and wrappers that expose it).
+func (lis *listener) listen(ctx context.Context, h *Hub) error {
 	var cfg *pgx.ConnConfig
-	conn, err := l.db.Conn(ctx)
+	conn, err := h.db.Conn(ctx)
 	if err != nil {
 		return err
 	}
 	err = conn.Raw(func(dc any) error {
-		sc, ok := dc.(*stdlib.Conn)
-		if !ok {
+		p, ok := dc.(interface{ Conn() *pgx.Conn })
+		if !ok || p.Conn() == nil {
 			return errNotPgx
 		}
-		cfg = sc.Conn().Config().Copy()
-		// The copy would deliver notifications to the pooled connection's buffer.
+		cfg = p.Conn().Config().Copy()
+		// The copy would deliver notifications to the pooled connection's handler.
 		cfg.OnNotification = nil
 		return nil
 	})
@@ -87,11 +88,11 @@ func (lis *listener) listen(ctx context.Context, l *Locker) error {
 		pc.Close(cctx)
 		cancel()
 	}()
-	if _, err := pc.Exec(ctx, "LISTEN "+channel); err != nil {
+	if _, err := pc.Exec(ctx, "LISTEN "+h.channel); err != nil {
 		return err
 	}
 	// Releases may have been missed before LISTEN took effect.
-	l.wake("", true)
+	h.WakeAll()
 	for {
 		n, err := pc.WaitForNotification(ctx)
 		if err != nil {
@@ -100,8 +101,12 @@ func (lis *listener) listen(ctx context.Context, l *Locker) error {
 		if n == nil {
 			continue
 		}
+		if strings.Contains(n.Payload, ":") {
+			h.Publish(n.Payload) // an event topic: see Hub.Publish
+			continue
+		}
 		if key, err := hex.DecodeString(n.Payload); err == nil {
-			l.wake(string(key), false)
+			h.Wake(string(key))
 		}
 	}
 }

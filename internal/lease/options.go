@@ -1,0 +1,87 @@
+package lease
+
+import (
+	"database/sql"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/sqllock/sqllock"
+)
+
+// Config holds the options every strategy shares. A strategy's config embeds it and
+// its With* options call these setters, so that every strategy validates the same
+// option the same way, at construction.
+type Config struct {
+	Timing Timing
+	Logger *slog.Logger
+}
+
+// SetTTL sets the server-enforced bound of a lease.
+func (c *Config) SetTTL(d time.Duration) error {
+	if d < MinTTL {
+		return fmt.Errorf("TTL %v is shorter than %v", d, MinTTL)
+	}
+	c.Timing.TTL = d
+	return nil
+}
+
+// SetInterval sets the keep-alive interval.
+func (c *Config) SetInterval(d time.Duration) error {
+	if d <= 0 {
+		return fmt.Errorf("keep-alive interval %v is not positive", d)
+	}
+	c.Timing.Interval = d
+	return nil
+}
+
+// SetLogger sets the logger.
+func (c *Config) SetLogger(l *slog.Logger) error {
+	if l == nil {
+		return errors.New("nil logger")
+	}
+	c.Logger = l
+	return nil
+}
+
+// Apply applies opts to c in order and returns the first error.
+func Apply[C any, O ~func(*C) error](c *C, opts []O) error {
+	for _, o := range opts {
+		if o == nil {
+			continue
+		}
+		if err := o(c); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// New applies opts to cfg (whose embedded Config holds the strategy's defaults),
+// resolves the timing and checks db and d, for a strategy's constructor. Errors match
+// sqllock.ErrInvalidOption and are labelled with op "new", the strategy and dialect.
+func New[C any, O ~func(*C) error](strategy string, db *sql.DB, d sqllock.Dialect, cfg *C, common *Config, opts []O) error {
+	lb := Label{Strategy: strategy, Dialect: d}
+	bad := func(err error) error {
+		return lb.Err("new", sqllock.ErrInvalidOption, fmt.Errorf("%s: %w", strategy, err))
+	}
+	switch {
+	case db == nil:
+		return bad(errors.New("nil *sql.DB"))
+	case !d.Valid():
+		return bad(fmt.Errorf("unknown dialect %v", d))
+	}
+	if err := Apply(cfg, opts); err != nil {
+		return bad(err)
+	}
+	t, err := common.Timing.Resolve()
+	if err != nil {
+		return bad(err)
+	}
+	common.Timing = t
+	if common.Logger == nil {
+		common.Logger = slog.New(slog.DiscardHandler)
+	}
+	return nil
+}

@@ -1,0 +1,196 @@
+// Package pin hands out the pinned connections of the session strategies (advisory,
+// forupdate) with a server-enforced bound on their session: a session that stays idle
+// (no statement from its client) for longer than the bound is ended by the server,
+// which frees every lock it held. A holder cut off from the server therefore loses
+// its lock on the server within the bound, not when TCP gives up hours later.
+//
+// On MySQL the bound is the session's wait_timeout (and net_write_timeout, for a
+// server blocked sending to a vanished client), in whole seconds, set with one SET
+// that also saves the previous values in user variables, and put back before the
+// connection returns to the application's pool. Since those two statements would
+// double the cost of an uncontended lock, a Pool keeps configured connections for a
+// short while (KeepIdle) and reuses them: under load, a lock costs what the bare
+// statements cost. It never keeps one while the application's pool is short of
+// connections.
+//
+// On PostgreSQL the strategies set the bound inside their own locking statements
+// (set_config of idle_session_timeout or idle_in_transaction_session_timeout, and
+// tcp_user_timeout), so the Pool only hands out and takes back connections.
+package pin
+
+import (
+	"context"
+	"database/sql"
+	"log/slog"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/sqllock/sqllock"
+	"github.com/sqllock/sqllock/internal/interrupt"
+)
+
+// MaxIdle is how many configured connections a Pool keeps at most.
+const MaxIdle = 4
+
+// Pool hands out connections of db whose session carries the bound. Safe for
+// concurrent use.
+type Pool struct {
+	db       *sql.DB
+	dialect  sqllock.Dialect
+	setup    string // MySQL: sets the bound, saving the previous values
+	reset    string // MySQL: puts the previous values back
+	keepIdle time.Duration
+	log      *slog.Logger
+
+	mu     sync.Mutex
+	idle   []idleConn
+	timer  *time.Timer
+	closed bool
+	sweeps sync.WaitGroup
+}
+
+type idleConn struct {
+	conn  *sql.Conn
+	since time.Time
+}
+
+// Seconds returns the bound in whole seconds as MySQL takes it: ttl rounded up, at
+// least 1.
+func Seconds(ttl time.Duration) int64 {
+	return max(int64((ttl+time.Second-1)/time.Second), 1)
+}
+
+// Millis returns the bound in milliseconds as PostgreSQL takes it: ttl rounded up.
+func Millis(ttl time.Duration) string {
+	return strconv.FormatInt(max(int64((ttl+time.Millisecond-1)/time.Millisecond), 1), 10)
+}
+
+// New returns a Pool of db for sessions bounded by ttl.
+func New(db *sql.DB, d sqllock.Dialect, ttl time.Duration, log *slog.Logger) *Pool {
+	p := &Pool{db: db, dialect: d, log: log, keepIdle: min(ttl/4, 2*time.Second)}
+	if d == sqllock.MySQL {
+		n := strconv.FormatInt(Seconds(ttl), 10)
+		p.setup = "SET @sqllock_wait_timeout = @@session.wait_timeout, @sqllock_net_write_timeout = @@session.net_write_timeout, " +
+			"SESSION wait_timeout = " + n + ", SESSION net_write_timeout = " + n
+		p.reset = "SET SESSION wait_timeout = @sqllock_wait_timeout, SESSION net_write_timeout = @sqllock_net_write_timeout"
+	}
+	return p
+}
+
+// Get returns a connection whose session carries the bound: a kept one, or a new one
+// from the pool, configured.
+func (p *Pool) Get(ctx context.Context) (*sql.Conn, error) {
+	p.mu.Lock()
+	if n := len(p.idle); n > 0 {
+		c := p.idle[n-1].conn // the most recently used: its session is the warmest
+		p.idle = p.idle[:n-1]
+		p.mu.Unlock()
+		return c, nil
+	}
+	p.mu.Unlock()
+	conn, err := p.db.Conn(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if p.setup != "" {
+		if _, err := conn.ExecContext(ctx, p.setup); err != nil {
+			interrupt.Release(conn, true)
+			return nil, err
+		}
+	}
+	return conn, nil
+}
+
+// Put takes back a connection whose session is healthy and holds no lock: it is kept
+// for reuse, or its settings are put back and it returns to the application's pool.
+func (p *Pool) Put(conn *sql.Conn) {
+	if p.setup == "" {
+		conn.Close()
+		return
+	}
+	p.mu.Lock()
+	if !p.closed && len(p.idle) < MaxIdle && p.roomy() {
+		p.idle = append(p.idle, idleConn{conn: conn, since: time.Now()})
+		if p.timer == nil {
+			p.arm(p.keepIdle)
+		}
+		p.mu.Unlock()
+		return
+	}
+	p.mu.Unlock()
+	p.restore(conn)
+}
+
+// roomy reports whether the application's pool has room to spare (or no limit), so
+// that keeping a connection out of it costs the application nothing.
+func (p *Pool) roomy() bool {
+	st := p.db.Stats()
+	return st.MaxOpenConnections == 0 || st.InUse+1 < st.MaxOpenConnections/2
+}
+
+// Discard breaks a connection's session: the server drops every lock it held.
+func (p *Pool) Discard(conn *sql.Conn) { interrupt.Release(conn, true) }
+
+// restore puts the session's settings back and returns conn to the application's
+// pool, or discards it if that fails.
+func (p *Pool) restore(conn *sql.Conn) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := conn.ExecContext(ctx, p.reset); err != nil {
+		p.log.Debug("sqllock: resetting a session failed; discarding it", "err", err)
+		interrupt.Release(conn, true)
+		return
+	}
+	conn.Close()
+}
+
+// arm schedules a sweep after d. Call with mu held.
+func (p *Pool) arm(d time.Duration) {
+	p.sweeps.Add(1) // done by the sweep, or by Close if it stops the timer
+	p.timer = time.AfterFunc(d, p.sweep)
+}
+
+// sweep returns the connections kept longer than keepIdle, and reschedules itself
+// while some are left.
+func (p *Pool) sweep() {
+	defer p.sweeps.Done()
+	p.mu.Lock()
+	p.timer = nil
+	var old []*sql.Conn
+	keep := p.idle[:0]
+	now := time.Now()
+	for _, c := range p.idle {
+		if p.closed || now.Sub(c.since) >= p.keepIdle || !p.roomy() {
+			old = append(old, c.conn)
+		} else {
+			keep = append(keep, c)
+		}
+	}
+	p.idle = keep
+	if len(keep) > 0 && !p.closed {
+		p.arm(max(p.keepIdle-now.Sub(keep[0].since), time.Millisecond))
+	}
+	p.mu.Unlock()
+	for _, c := range old {
+		p.restore(c)
+	}
+}
+
+// Close returns every kept connection to the application's pool. Connections handed
+// out stay valid; Put after Close returns them at once.
+func (p *Pool) Close() {
+	p.mu.Lock()
+	p.closed = true
+	if p.timer != nil && p.timer.Stop() {
+		p.timer = nil
+		p.sweeps.Done() // the sweep it stopped will not run
+	}
+	idle := p.idle
+	p.idle = nil
+	p.mu.Unlock()
+	for _, c := range idle {
+		p.restore(c.conn)
+	}
+	p.sweeps.Wait()
+}

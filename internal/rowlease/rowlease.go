@@ -1,0 +1,266 @@
+// Package rowlease is what the strategies that hold a lease row (uniqueindex,
+// optimistic, fairqueue) share besides the lease core: their options, the identity
+// and owners of a Locker, the bounds of a statement, and the renewal and release
+// statements' bookkeeping.
+package rowlease
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"database/sql"
+	"encoding/binary"
+	"fmt"
+	"os"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/sqllock/sqllock"
+	"github.com/sqllock/sqllock/internal/lease"
+	"github.com/sqllock/sqllock/internal/prep"
+	"github.com/sqllock/sqllock/internal/wait"
+)
+
+// Defaults of the row strategies' options.
+const (
+	DefaultTTL            = 30 * time.Second
+	DefaultPollInterval   = 2 * time.Second
+	DefaultAttemptTimeout = 10 * time.Second
+)
+
+// Config is the configuration of a row strategy's Locker.
+type Config struct {
+	lease.Config
+	Poll    time.Duration // longest sleep of a waiter between two attempts
+	Attempt time.Duration // bound of one statement
+}
+
+// Defaults returns the default configuration.
+func Defaults() Config {
+	return Config{Config: lease.Config{Timing: lease.Timing{TTL: DefaultTTL}}, Poll: DefaultPollInterval, Attempt: DefaultAttemptTimeout}
+}
+
+// SetPoll sets the longest sleep of a waiter between two attempts.
+func (c *Config) SetPoll(d time.Duration) error {
+	if d <= 0 {
+		return fmt.Errorf("poll interval %v is not positive", d)
+	}
+	c.Poll = d
+	return nil
+}
+
+// SetAttempt sets the bound of one statement.
+func (c *Config) SetAttempt(d time.Duration) error {
+	if d <= 0 {
+		return fmt.Errorf("attempt timeout %v is not positive", d)
+	}
+	c.Attempt = d
+	return nil
+}
+
+// Locker is the shared part of a row strategy's Locker. Safe for concurrent use.
+type Locker struct {
+	DB       *sql.DB
+	Dialect  sqllock.Dialect
+	Cfg      Config
+	Strategy string
+	Host     string
+	PID      int64
+	Now      func() time.Time // injectable for tests
+	Hub      *wait.Hub
+	Stmts    *prep.Cache
+
+	id    []byte
+	nonce atomic.Uint64
+}
+
+// New returns the shared part of a Locker of strategy on db, whose configuration was
+// validated (lease.New). Waiters are woken by NOTIFYs on channel (PostgreSQL).
+func New(strategy string, db *sql.DB, d sqllock.Dialect, cfg Config, channel string) *Locker {
+	id := make([]byte, 16)
+	rand.Read(id)
+	host, _ := os.Hostname()
+	if len(host) > 255 {
+		host = host[:255]
+	}
+	return &Locker{
+		DB: db, Dialect: d, Cfg: cfg, Strategy: strategy, Host: host, PID: int64(os.Getpid()), Now: time.Now,
+		Hub: wait.NewHub(db, d, strategy, channel, cfg.Logger), Stmts: prep.New(db, d), id: id,
+	}
+}
+
+// Close stops the PostgreSQL listener (waiters go on by polling) and closes the
+// prepared statements. Idempotent.
+func (b *Locker) Close() {
+	b.Hub.Close()
+	b.Stmts.Close()
+}
+
+// Owner returns the owner of one acquisition: tag, the Locker's identity and a fresh
+// nonce; or, with an owner key (reentrancy), 'K', the identity and a hash of the key
+// (a key may be as long as a name, more than an owner column holds).
+func (b *Locker) Owner(tag byte, key string) []byte {
+	if key != "" {
+		h := sha256.Sum256([]byte(key))
+		return append(append([]byte{'K'}, b.id...), h[:16]...)
+	}
+	o := make([]byte, 1+len(b.id)+8)
+	o[0] = tag
+	copy(o[1:], b.id)
+	binary.BigEndian.PutUint64(o[1+len(b.id):], b.nonce.Add(1))
+	return o
+}
+
+// Timing returns the timing of one acquisition: the Locker's, or a lease time given
+// with sqllock.WithLeaseTTL.
+func (b *Locker) Timing(ac sqllock.AcquireConfig) (lease.Timing, error) {
+	if ac.TTL == 0 {
+		return b.Cfg.Timing, nil
+	}
+	return lease.Timing{TTL: ac.TTL}.Resolve()
+}
+
+// AttemptContext bounds one statement: the attempt timeout, and never more than what
+// is left of ctx. It runs detached from ctx's cancellation, so that a grant is never
+// lost in flight (the caller gives it back if ctx ended meanwhile).
+func (b *Locker) AttemptContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	d := b.Cfg.Attempt
+	if dl, ok := ctx.Deadline(); ok {
+		d = min(d, max(time.Until(dl), time.Millisecond))
+	}
+	return context.WithTimeout(context.WithoutCancel(ctx), d)
+}
+
+// Errorf returns the strategy's error for op on name (see lease.NewError).
+func (b *Locker) Errorf(op, name string, kind, err error) error {
+	return lease.NewError(op, b.Dialect, name, kind, err)
+}
+
+// Pick returns pg on PostgreSQL and my on MySQL.
+func (b *Locker) Pick(pg, my string) string {
+	if b.Dialect == sqllock.Postgres {
+		return pg
+	}
+	return my
+}
+
+// Changed runs a statement that changes at most one row of the lease, retrying
+// transient errors (onRetry, if set, is told of each), and returns the rows changed:
+// the affected rows, or, for a statement that returns a row (a PostgreSQL WITH ...
+// SELECT that also notifies waiters), its single column.
+func (b *Locker) Changed(ctx context.Context, onRetry func(error), query string, args ...any) (int64, error) {
+	var n int64
+	err := wait.Retry(ctx, func() error {
+		if strings.HasPrefix(query, "WITH ") {
+			return b.Stmts.QueryRow(ctx, query, args...).Scan(&n)
+		}
+		res, err := b.Stmts.Exec(ctx, query, args...)
+		if err != nil {
+			return err
+		}
+		n, err = res.RowsAffected()
+		return err
+	}, onRetry)
+	return n, err
+}
+
+// Renewed turns what a renewal statement changed into the keep-alive's answer: a
+// lease row that no longer matches (deleted, taken over, expired) is gone.
+func Renewed(n int64, err error) (time.Duration, error) {
+	if err != nil {
+		return 0, err
+	}
+	if n == 0 {
+		return 0, lease.Gonef("the lease's row was deleted, taken over or has expired")
+	}
+	return 0, nil
+}
+
+// Released turns what a release statement changed into the give-back's answer.
+func Released(n int64, err error, lost bool, what string) error {
+	switch {
+	case lost:
+		return nil // freed what was still the lease's, if anything
+	case err != nil:
+		return err
+	case n == 0:
+		return lease.Gonef("%s deleted or taken over before release", what)
+	}
+	return nil
+}
+
+// Check runs the fencing check query (a locking read of the lease's row, as the last
+// statement of tx) after checking the lease core: see the strategies' Check.
+func Check(ctx context.Context, core *lease.Lease, tx *sql.Tx, query string, args ...any) error {
+	if err := core.Err(); err != nil {
+		return err
+	}
+	var one int
+	err := tx.QueryRowContext(ctx, query, args...).Scan(&one)
+	if err == sql.ErrNoRows {
+		return core.Label().Err("check", sqllock.ErrLost, fmt.Errorf("the lease is no longer the current holder"))
+	}
+	if err != nil {
+		return core.Label().Err("check", nil, err)
+	}
+	return nil
+}
+
+// Prelude checks an acquisition before any SQL is sent: the name, the options (and
+// the lease time they give) and ctx. Its error is the one Acquire returns.
+func (b *Locker) Prelude(ctx context.Context, op, name string, opts []sqllock.AcquireOption) (sqllock.AcquireConfig, lease.Timing, error) {
+	if err := sqllock.ValidateName(name); err != nil {
+		return sqllock.AcquireConfig{}, lease.Timing{}, err
+	}
+	ac, err := sqllock.ApplyAcquireOptions(op, b.Dialect, name, opts)
+	if err != nil {
+		return ac, lease.Timing{}, err
+	}
+	tm, err := b.Timing(ac)
+	if err != nil {
+		return ac, tm, b.Errorf(op, name, sqllock.ErrInvalidOption, err)
+	}
+	if err := ctx.Err(); err != nil {
+		return ac, tm, b.Errorf(op, name, sqllock.ErrNotAcquired, err)
+	}
+	return ac, tm, nil
+}
+
+// StartLease starts the lease core of a lock granted to a waiter of key that held
+// slot (nil if none), with keeper k: when the lease ends, the slot goes to the next
+// waiter of this Locker, who is woken at once.
+func (b *Locker) StartLease(k lease.Keeper, tm lease.Timing, name string, key []byte, granted time.Time, slot *wait.Slot) *lease.Lease {
+	skey := string(key)
+	return lease.Prepare(k, lease.Params{
+		Timing:  tm,
+		Granted: granted,
+		Label:   lease.Label{Strategy: b.Strategy, Dialect: b.Dialect, Name: name},
+		Log:     b.Cfg.Logger,
+		Now:     b.Now,
+		OnEnd: func() {
+			slot.Leave()
+			b.Hub.Wake(skey)
+		},
+	})
+}
+
+// Fresh makes sure a grant whose statement was sent at start is not handed out
+// nearly expired: a statement that waited long in the server (for a row lock held by
+// a Check transaction, say) leaves little of the lease on the client's clock, so such
+// a grant is renewed at once, with renew (the strategy's renewal statement, which
+// reports whether the lease was still live). It returns when the lease's clock now
+// starts, and whether the grant stands; a grant that is already dead is not one.
+func (b *Locker) Fresh(ctx context.Context, start time.Time, ttl time.Duration, renew func(context.Context) (bool, error)) (time.Time, bool, error) {
+	if b.Now().Sub(start) < ttl/3 {
+		return start, true, nil
+	}
+	actx, cancel := b.AttemptContext(ctx)
+	defer cancel()
+	again := b.Now()
+	ok, err := renew(actx)
+	if err != nil || !ok {
+		return start, false, err
+	}
+	return again, true, nil
+}

@@ -1,0 +1,162 @@
+package wait
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+
+	"github.com/sqllock/sqllock"
+	"github.com/sqllock/sqllock/internal/backoff"
+	"github.com/sqllock/sqllock/internal/sqlerr"
+)
+
+// MaxTransient is how many transient errors (deadlock, serialization failure, lock
+// wait timeout, duplicate key) in a row a TryAcquire meets before it reports
+// ErrNotAcquired, and Retry retries a statement.
+const MaxTransient = 5
+
+// TransientPolicy spaces retries after transient errors: short and jittered, so that
+// the two sides of a deadlock do not meet again in step.
+var TransientPolicy = backoff.Policy{Min: 2 * time.Millisecond, Max: 64 * time.Millisecond}
+
+// Result is what one attempt found.
+type Result struct {
+	Acquired   bool
+	HolderLeft time.Duration // the holder's remaining lease, if known: the next poll
+}
+
+// Loop is how the row strategies acquire: attempts until one acquires, until the
+// lock is found held (TryAcquire), or until ctx ends, waiting between attempts in
+// the Hub without holding a pooled connection.
+type Loop struct {
+	Hub   *Hub
+	Key   string        // the lock key (queue and wake-ups)
+	Block bool          // Acquire (true) or TryAcquire
+	Queue bool          // wait in the in-process FIFO of the key first (not for re-entry)
+	Poll  time.Duration // longest sleep between attempts
+	Log   *slog.Logger
+	// Attempt makes one attempt. Its error is classified: transient errors mean "not
+	// acquired yet"; errors that leave the outcome unknown (a deadline, a cancel, a
+	// broken connection) too, but are remembered (see Run).
+	Attempt func(ctx context.Context) (Result, error)
+	// OnTransient, if set, is told of each transient error about to be retried.
+	OnTransient func(err error)
+}
+
+// Run runs the loop. On success it returns the caller's slot at the head of the
+// in-process queue (nil if Queue is false): hand it on (Slot.Leave) when the lease
+// ends. Otherwise it returns an error whose kind is sqllock.ErrNotAcquired when the
+// lock was held or ctx ended (the error then also matches ctx.Err()), or nil for a
+// database error, and uncertain tells that some attempt may have committed a grant
+// whose reply never came: the caller deletes what it may have left.
+func (lp Loop) Run(ctx context.Context) (slot *Slot, uncertain bool, kind, err error) {
+	if lp.Block && lp.Queue {
+		if slot, err = lp.Hub.Enqueue(ctx, lp.Key); err != nil {
+			return nil, false, sqllock.ErrNotAcquired, err
+		}
+	}
+	var wake <-chan struct{}
+	if lp.Block {
+		var unsubscribe func()
+		wake, unsubscribe = lp.Hub.Subscribe(lp.Key)
+		defer unsubscribe()
+	}
+	fail := func(k, e error) (*Slot, bool, error, error) {
+		slot.Leave()
+		return nil, uncertain, k, e
+	}
+	transient := 0
+	for attempt := 0; ; attempt++ {
+		res, err := lp.Attempt(ctx)
+		switch {
+		case err == nil && res.Acquired:
+			return slot, uncertain, nil, nil
+		case err == nil:
+			transient = 0
+		case sqlerr.Transient(err):
+			// A conflict with a concurrent attempt, release, renewal or sweep: "not
+			// acquired yet", never an error of the caller's.
+			transient++
+			if !lp.Block && transient >= MaxTransient {
+				return fail(sqllock.ErrNotAcquired, err)
+			}
+			if lp.OnTransient != nil {
+				lp.OnTransient(err)
+			}
+			if !lp.Block {
+				if err := backoff.Sleep(ctx, TransientPolicy.Delay(transient-1), nil); err != nil {
+					return fail(sqllock.ErrNotAcquired, err)
+				}
+				continue
+			}
+		case ctx.Err() != nil:
+			uncertain = uncertain || OutcomeUnknown(err)
+			return fail(sqllock.ErrNotAcquired, ctx.Err())
+		case OutcomeUnknown(err):
+			// The attempt ran past its own timeout (typically waiting for a row lock
+			// held by a Check transaction), or its connection broke, while the caller's
+			// ctx is alive: not acquired yet, as far as we know.
+			uncertain = true
+			if !lp.Block {
+				return fail(sqllock.ErrNotAcquired, err)
+			}
+			lp.Log.Debug("sqllock: attempt timed out, retrying", "err", err)
+		default:
+			return fail(nil, err)
+		}
+		if !lp.Block {
+			return fail(sqllock.ErrNotAcquired, errors.New("held by another owner"))
+		}
+		if err := lp.Hub.Sleep(ctx, wake, attempt, lp.Poll, res.HolderLeft, err != nil); err != nil {
+			return fail(sqllock.ErrNotAcquired, err)
+		}
+	}
+}
+
+// OutcomeUnknown reports whether err leaves it open whether the statement committed:
+// it was cut by a deadline or cancellation, or its connection broke.
+func OutcomeUnknown(err error) bool {
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) ||
+		sqlerr.Is(err, sqlerr.Canceled) || sqlerr.Is(err, sqlerr.SessionLost)
+}
+
+// Retry runs f until it returns nil or an error that is not transient, at most
+// MaxTransient times, sleeping TransientPolicy between tries (or until ctx ends). It
+// returns f's last error. f must be safe to repeat: every statement it sends is
+// atomic, and a deadlock or lock wait timeout rolls the statement back. onRetry, if
+// set, is told of each transient error about to be retried.
+func Retry(ctx context.Context, f func() error, onRetry func(error)) error {
+	for attempt := 1; ; attempt++ {
+		err := f()
+		if err == nil || !sqlerr.Transient(err) || attempt >= MaxTransient {
+			return err
+		}
+		if onRetry != nil {
+			onRetry(err)
+		}
+		if backoff.Sleep(ctx, TransientPolicy.Delay(attempt-1), nil) != nil {
+			return err
+		}
+	}
+}
+
+// Forget deletes what an attempt whose outcome the caller never learnt may have left
+// (a row, a ticket), so that a caller that gives up leaves nothing held behind. It
+// waits at most timeout, whatever ctx says. probe, if set, first looks with a
+// consistent read, which takes no lock: on MySQL a DELETE or UPDATE locks the row it
+// reads before it compares the owner, so without the probe it would wait for another
+// holder's Check transaction long after the caller gave up. Best effort: what is
+// left expires after its TTL.
+func Forget(ctx context.Context, timeout time.Duration, probe func(context.Context) (bool, error), del func(context.Context) error, log *slog.Logger) {
+	gctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
+	defer cancel()
+	if probe != nil {
+		if mine, err := probe(gctx); err == nil && !mine {
+			return
+		}
+	}
+	if err := Retry(gctx, func() error { return del(gctx) }, nil); err != nil {
+		log.Warn("sqllock: could not delete what an abandoned attempt may have left; it expires after its TTL", "err", err)
+	}
+}

@@ -1,0 +1,125 @@
+package testdb
+
+import (
+	"context"
+	"database/sql"
+	"strings"
+	"sync"
+
+	"github.com/sqllock/sqllock"
+)
+
+// Flavor is the kind of server behind a DSN.
+type Flavor int
+
+const (
+	FlavorPostgres Flavor = iota + 1
+	FlavorMariaDB
+	FlavorMySQL // Oracle MySQL 8 or later
+)
+
+func (f Flavor) String() string {
+	switch f {
+	case FlavorPostgres:
+		return "PostgreSQL"
+	case FlavorMariaDB:
+		return "MariaDB"
+	case FlavorMySQL:
+		return "MySQL"
+	}
+	return "unknown"
+}
+
+var flavors sync.Map // *sql.DB -> Flavor
+
+// FlavorOf asks the server behind db what it is (once per pool).
+func FlavorOf(ctx context.Context, db *sql.DB, d sqllock.Dialect) (Flavor, error) {
+	if d == sqllock.Postgres {
+		return FlavorPostgres, nil
+	}
+	if f, ok := flavors.Load(db); ok {
+		return f.(Flavor), nil
+	}
+	var v string
+	if err := db.QueryRowContext(ctx, "SELECT VERSION()").Scan(&v); err != nil {
+		return 0, err
+	}
+	f := FlavorMySQL
+	if strings.Contains(strings.ToLower(v), "mariadb") {
+		f = FlavorMariaDB
+	}
+	flavors.Store(db, f)
+	return f, nil
+}
+
+// Running counts the other sessions whose statement under way contains substr. On
+// MySQL it reads performance_schema.processlist (information_schema.PROCESSLIST
+// fails, error 3854, while any session runs a statement that is not valid utf8mb3);
+// on MariaDB, which has no such table, information_schema.PROCESSLIST.
+func Running(ctx context.Context, db *sql.DB, d sqllock.Dialect, substr string) (int, error) {
+	pattern := "%" + strings.NewReplacer(`\`, `\\`, "%", `\%`, "_", `\_`).Replace(substr) + "%"
+	q := `SELECT count(*) FROM pg_stat_activity WHERE pid <> pg_backend_pid() AND state = 'active' AND query LIKE $1`
+	if d == sqllock.MySQL {
+		f, err := FlavorOf(ctx, db, d)
+		if err != nil {
+			return 0, err
+		}
+		table := "performance_schema.processlist"
+		if f == FlavorMariaDB {
+			table = "information_schema.PROCESSLIST"
+		}
+		q = "SELECT COUNT(*) FROM " + table + " WHERE ID <> CONNECTION_ID() AND COMMAND <> 'Sleep' AND INFO LIKE ?"
+	}
+	var n int
+	err := db.QueryRowContext(ctx, q, pattern).Scan(&n)
+	return n, err
+}
+
+// BlockedBy counts the sessions waiting for a row lock held by session holder (a
+// backend pid, or a MySQL connection id): pg_blocking_pids on PostgreSQL,
+// performance_schema.data_lock_waits on MySQL (information_schema.INNODB_LOCK_WAITS
+// is gone since 8.0), information_schema.INNODB_LOCK_WAITS on MariaDB.
+func BlockedBy(ctx context.Context, db *sql.DB, d sqllock.Dialect, holder int64) (int, error) {
+	q := `SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))`
+	if d == sqllock.MySQL {
+		f, err := FlavorOf(ctx, db, d)
+		if err != nil {
+			return 0, err
+		}
+		q = `SELECT COUNT(*) FROM performance_schema.data_lock_waits w
+JOIN performance_schema.threads t ON t.THREAD_ID = w.BLOCKING_THREAD_ID
+WHERE t.PROCESSLIST_ID = ?`
+		if f == FlavorMariaDB {
+			q = `SELECT COUNT(*) FROM information_schema.INNODB_LOCK_WAITS w
+JOIN information_schema.INNODB_TRX t ON t.trx_id = w.blocking_trx_id
+WHERE t.trx_mysql_thread_id = ?`
+		}
+	}
+	var n int
+	err := db.QueryRowContext(ctx, q, holder).Scan(&n)
+	return n, err
+}
+
+// WaitsForLock reports whether session sid (a backend pid, or a MySQL connection id)
+// waits for a row lock: pg_stat_activity on PostgreSQL,
+// performance_schema.data_lock_waits on MySQL 8+ (information_schema.INNODB_TRX
+// fails there, error 3854, while any session runs a statement that is not valid
+// utf8mb3), information_schema.INNODB_TRX on MariaDB.
+func WaitsForLock(ctx context.Context, db *sql.DB, d sqllock.Dialect, sid int64) (bool, error) {
+	q := `SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND wait_event_type = 'Lock'`
+	if d == sqllock.MySQL {
+		f, err := FlavorOf(ctx, db, d)
+		if err != nil {
+			return false, err
+		}
+		q = `SELECT COUNT(*) FROM performance_schema.data_lock_waits w
+JOIN performance_schema.threads t ON t.THREAD_ID = w.REQUESTING_THREAD_ID
+WHERE t.PROCESSLIST_ID = ?`
+		if f == FlavorMariaDB {
+			q = `SELECT COUNT(*) FROM information_schema.INNODB_TRX WHERE trx_mysql_thread_id = ? AND trx_state = 'LOCK WAIT'`
+		}
+	}
+	var n int
+	err := db.QueryRowContext(ctx, q, sid).Scan(&n)
+	return n > 0, err
+}
