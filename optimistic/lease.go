@@ -1,0 +1,115 @@
+package optimistic
+
+import (
+	"context"
+	"database/sql"
+	"time"
+
+	"github.com/sqllock/sqllock"
+	"github.com/sqllock/sqllock/internal/lease"
+	"github.com/sqllock/sqllock/internal/rowlease"
+	"github.com/sqllock/sqllock/internal/wait"
+)
+
+// Lease is a held optimistic lock. Its methods are safe for concurrent use.
+type Lease struct {
+	l          *Locker
+	name       string
+	key, owner []byte
+	version    int64
+	reentrant  bool
+	ttl        time.Duration
+	core       *lease.Lease
+}
+
+func (l *Locker) newLease(name string, key, owner []byte, version int64, tm lease.Timing, reentrant bool, granted time.Time, slot *wait.Slot) *Lease {
+	le := &Lease{l: l, name: name, key: key, owner: owner, version: version, reentrant: reentrant, ttl: tm.TTL}
+	le.core = l.b.StartLease(keeper{le}, tm, name, key, granted, slot)
+	le.core.Run()
+	return le
+}
+
+// Name returns the lock name.
+func (le *Lease) Name() string { return le.name }
+
+// Token returns the fencing token: the row's version after this acquisition's
+// compare-and-swap, strictly greater than every earlier acquisition's. Reentrant
+// holds share the version of the hold they join.
+func (le *Lease) Token() int64 { return le.version }
+
+// Done is closed when the lease is released or lost. A passed local deadline closes
+// it at once, whoever looks first.
+func (le *Lease) Done() <-chan struct{} { return le.core.Done() }
+
+// Err is nil while held, then matches sqllock.ErrLost or sqllock.ErrNotHeld.
+func (le *Lease) Err() error { return le.core.Err() }
+
+// Refresh renews the lease now (a compare-and-swap on the held version). It returns
+// an error matching sqllock.ErrLost if the row was taken over or expired (the lease
+// then ends), sqllock.ErrNotHeld after Release, and a *sqllock.Error carrying the
+// database error if it could not tell: the lease is then still held, and the
+// keep-alive goes on.
+func (le *Lease) Refresh(ctx context.Context) error { return le.core.Refresh(ctx) }
+
+// Check verifies, inside the caller's transaction tx, that the lease is still the
+// current holder of its lock (the row's version and owner are the lease's) and
+// unexpired by the database clock, and share-locks the row until tx ends, so that no
+// takeover happens before tx commits: the fencing check of this strategy. Run it as
+// the last statement of tx, right before COMMIT: the row is then locked only for the
+// time of the commit. Without sending SQL, it returns an error matching
+// sqllock.ErrLost if the lease was lost or passed its local deadline (and
+// sqllock.ErrNotHeld after Release); after the statement, ErrLost if the lease is not
+// current. A deadlock or lock wait timeout is returned as a *sqllock.Error carrying
+// the driver's error: roll tx back and retry the whole transaction.
+func (le *Lease) Check(ctx context.Context, tx *sql.Tx) error {
+	return rowlease.Check(ctx, le.core, tx, le.l.b.Pick(checkPostgres, checkMySQL), le.key, le.version, le.owner)
+}
+
+// Release gives the lock up (one hold of a re-entered lock): a compare-and-swap that
+// frees the row if it is still this lease's. It returns an error matching
+// sqllock.ErrLost if the lease had been lost, and nil when called again. It gives
+// the lock back even if ctx has already ended (bounded by its own short timeout).
+func (le *Lease) Release(ctx context.Context) error { return le.core.Release(ctx) }
+
+// keeper is the lease's side of the lease core.
+type keeper struct{ le *Lease }
+
+func (k keeper) KeepAlive(ctx context.Context) (time.Duration, error) {
+	le, b := k.le, k.le.l.b
+	return rowlease.Renewed(b.Changed(ctx, nil, b.Pick(renewPostgres, renewMySQL), renewArgs(b.Dialect, le.key, le.version, le.owner, le.ttl)...))
+}
+
+// renewArgs are the arguments of renewPostgres or renewMySQL.
+func renewArgs(d sqllock.Dialect, key []byte, version int64, owner []byte, ttl time.Duration) []any {
+	if d == sqllock.Postgres {
+		return []any{key, version, owner, ttl.Microseconds()}
+	}
+	return []any{ttl.Microseconds(), key, version, owner}
+}
+
+func (k keeper) GiveBack(ctx context.Context, lost bool) error {
+	le := k.le
+	var n, left int64
+	err := wait.Retry(ctx, func() error {
+		if le.l.b.Dialect == sqllock.Postgres {
+			var s sql.NullString
+			return le.l.b.Stmts.QueryRow(ctx, releasePostgres, le.key, le.version, le.owner).Scan(&n, &left, &s)
+		}
+		res, err := le.l.b.Stmts.Exec(ctx, releaseMySQL, le.key, le.version, le.owner)
+		if err != nil {
+			return err
+		}
+		if n, err = res.RowsAffected(); err != nil {
+			return err
+		}
+		left, err = res.LastInsertId()
+		return err
+	}, nil)
+	if err := rowlease.Released(n, err, lost, "lease row"); err != nil || lost {
+		return err
+	}
+	if left == 0 {
+		le.l.rememberVersion(le.key, le.version)
+	}
+	return nil
+}

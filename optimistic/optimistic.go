@@ -1,0 +1,407 @@
+package optimistic
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sqllock/sqllock"
+	"github.com/sqllock/sqllock/internal/lease"
+	"github.com/sqllock/sqllock/internal/namekey"
+	"github.com/sqllock/sqllock/internal/rowlease"
+	"github.com/sqllock/sqllock/internal/wait"
+)
+
+// Defaults of the options.
+const (
+	// DefaultTTL is the lease time: a holder that stops renewing loses the lock after it.
+	DefaultTTL = rowlease.DefaultTTL
+	// DefaultPollInterval caps the time a waiter sleeps between attempts.
+	DefaultPollInterval = rowlease.DefaultPollInterval
+	// DefaultAttemptTimeout bounds one statement of an attempt or a renewal.
+	DefaultAttemptTimeout = rowlease.DefaultAttemptTimeout
+)
+
+// Option configures a Locker. Options are validated by New.
+type Option func(*rowlease.Config) error
+
+// WithTTL sets the lease time of the Locker's leases (DefaultTTL): the
+// server-enforced bound, on the database clock, after which a holder that stopped
+// renewing loses the lock. sqllock.WithLeaseTTL overrides it for one acquisition.
+func WithTTL(d time.Duration) Option { return func(c *rowlease.Config) error { return c.SetTTL(d) } }
+
+// WithKeepalive sets how often a lease is renewed (default TTL/3). It must be at most
+// half the TTL.
+func WithKeepalive(d time.Duration) Option {
+	return func(c *rowlease.Config) error { return c.SetInterval(d) }
+}
+
+// WithPollInterval caps the sleep of a waiter between two attempts
+// (DefaultPollInterval).
+func WithPollInterval(d time.Duration) Option {
+	return func(c *rowlease.Config) error { return c.SetPoll(d) }
+}
+
+// WithAttemptTimeout bounds each statement the Locker sends (DefaultAttemptTimeout),
+// and never more than what is left of the caller's context.
+func WithAttemptTimeout(d time.Duration) Option {
+	return func(c *rowlease.Config) error { return c.SetAttempt(d) }
+}
+
+// WithLogger sets the logger of lease losses and listener errors (default: none).
+func WithLogger(l *slog.Logger) Option {
+	return func(c *rowlease.Config) error { return c.SetLogger(l) }
+}
+
+// Locker acquires optimistic leases. It is safe for concurrent use. Close it when
+// done: it stops the PostgreSQL listener. Leases stay valid after Close until they are
+// released.
+type Locker struct {
+	b *rowlease.Locker
+
+	mu       sync.Mutex
+	versions map[string]int64 // key -> version this Locker last released: the next CAS
+}
+
+// maxVersions bounds the version cache of a Locker.
+const maxVersions = 4096
+
+// New returns a Locker on db, which must have been migrated (migrations.Up). It sends
+// no SQL. It returns an error matching sqllock.ErrInvalidOption for an invalid
+// dialect or option.
+func New(db *sql.DB, d sqllock.Dialect, opts ...Option) (*Locker, error) {
+	cfg := rowlease.Defaults()
+	if err := lease.New("optimistic", db, d, &cfg, &cfg.Config, opts); err != nil {
+		return nil, err
+	}
+	return &Locker{b: rowlease.New("optimistic", db, d, cfg, channel), versions: map[string]int64{}}, nil
+}
+
+// Close stops the shared PostgreSQL listener and wakes the waiters, which go on by
+// polling. Held leases are not released. Idempotent.
+func (l *Locker) Close() error {
+	l.b.Close()
+	return nil
+}
+
+// Acquire waits until the lock name is held, or ctx ends. See sqllock.Locker.
+// sqllock.WithOwner makes the acquisition reentrant within this Locker;
+// sqllock.WithLeaseTTL overrides the lease time.
+func (l *Locker) Acquire(ctx context.Context, name string, opts ...sqllock.AcquireOption) (sqllock.Lease, error) {
+	le, err := l.acquire(ctx, "acquire", name, opts, true)
+	if err != nil {
+		return nil, err
+	}
+	return le, nil
+}
+
+// TryAcquire makes one attempt (transient conflicts are retried a few times) and
+// returns an error matching sqllock.ErrNotAcquired if the lock is held.
+func (l *Locker) TryAcquire(ctx context.Context, name string, opts ...sqllock.AcquireOption) (sqllock.Lease, error) {
+	le, err := l.acquire(ctx, "try-acquire", name, opts, false)
+	if err != nil {
+		return nil, err
+	}
+	return le, nil
+}
+
+func (l *Locker) acquire(ctx context.Context, op, name string, opts []sqllock.AcquireOption, block bool) (*Lease, error) {
+	ac, tm, err := l.b.Prelude(ctx, op, name, opts)
+	if err != nil {
+		return nil, err
+	}
+	a := &attempt{l: l, key: namekey.Key(name), name: name, owner: l.b.Owner('L', ac.Owner), ttl: tm.TTL, reentrant: ac.Owner != ""}
+	slot, uncertain, kind, err := wait.Loop{
+		Hub: l.b.Hub, Key: string(a.key), Block: block, Queue: !a.reentrant, Poll: l.b.Cfg.Poll, Log: l.b.Cfg.Logger,
+		Attempt: func(ctx context.Context) (wait.Result, error) {
+			res, err := a.try(ctx)
+			if err == nil && res.Acquired {
+				a.start, res.Acquired, err = l.b.Fresh(ctx, a.start, a.ttl, func(ctx context.Context) (bool, error) {
+					n, err := l.b.Changed(ctx, nil, l.b.Pick(renewPostgres, renewMySQL), renewArgs(l.b.Dialect, a.key, a.version, a.owner, a.ttl)...)
+					return n > 0, err
+				})
+			}
+			return res, err
+		},
+	}.Run(ctx)
+	if err != nil {
+		if uncertain && !a.reentrant {
+			l.forget(ctx, a.key, a.owner)
+		}
+		return nil, l.b.Errorf(op, name, kind, err)
+	}
+	le := l.newLease(name, a.key, a.owner, a.version, tm, a.reentrant, a.start, slot)
+	if err := lease.Granted(ctx, le.core.Label(), op, le.Release); err != nil {
+		return nil, err
+	}
+	return le, nil
+}
+
+// attempt is the state of one acquisition across its attempts.
+type attempt struct {
+	l         *Locker
+	key       []byte
+	name      string
+	owner     []byte
+	ttl       time.Duration
+	reentrant bool
+	version   int64     // the granted version (the token)
+	start     time.Time // when the statement that set the expiry was sent
+}
+
+// try is one attempt: a compare-and-swap with the version this Locker saw last, if
+// any (one statement when the name is used again by the same Locker); else, or if
+// that fails, read the row (creating it on first use) and compare-and-swap with the
+// version read. A live row of the same owner is re-entered (WithOwner) or adopted
+// (this acquisition's own, from an attempt whose reply was lost).
+func (a *attempt) try(ctx context.Context) (wait.Result, error) {
+	l := a.l
+	actx, cancel := l.b.AttemptContext(ctx)
+	defer cancel()
+	if v, ok := l.cachedVersion(a.key); ok && !a.reentrant {
+		if ok, err := a.swap(actx, v); err != nil || ok {
+			return wait.Result{Acquired: ok}, err
+		}
+	}
+	for created := false; ; created = true {
+		var (
+			v     int64
+			owner []byte
+			left  int64
+		)
+		q := readMySQL
+		if l.b.Dialect == sqllock.Postgres {
+			q = readPostgres
+		}
+		err := l.b.Stmts.QueryRow(actx, q, a.key).Scan(&v, &owner, &left)
+		if errors.Is(err, sql.ErrNoRows) && !created {
+			if err := a.create(actx); err != nil {
+				return wait.Result{}, err
+			}
+			continue
+		}
+		if err != nil {
+			return wait.Result{}, err
+		}
+		l.rememberVersion(a.key, v)
+		if left > 0 {
+			if string(owner) == string(a.owner) {
+				ok, err := a.reenter(actx)
+				return wait.Result{Acquired: ok}, err
+			}
+			return wait.Result{HolderLeft: time.Duration(left) * time.Microsecond}, nil
+		}
+		ok, err := a.swap(actx, v)
+		return wait.Result{Acquired: ok}, err
+	}
+}
+
+func (a *attempt) create(ctx context.Context) error {
+	q := createMySQL
+	if a.l.b.Dialect == sqllock.Postgres {
+		q = createPostgres
+	}
+	_, err := a.l.b.Stmts.Exec(ctx, q, a.key, []byte(a.name))
+	return err
+}
+
+// swap is the compare-and-swap from version v. It reports whether it took the lock.
+func (a *attempt) swap(ctx context.Context, v int64) (bool, error) {
+	l := a.l
+	us := a.ttl.Microseconds()
+	start := l.b.Now()
+	if l.b.Dialect == sqllock.Postgres {
+		var nv int64
+		err := l.b.Stmts.QueryRow(ctx, acquirePostgres, a.key, v, a.owner, us, l.b.Host, l.b.PID).Scan(&nv)
+		if errors.Is(err, sql.ErrNoRows) {
+			return false, nil
+		}
+		if err != nil {
+			return false, err
+		}
+		a.version, a.start = nv, start
+		return true, nil
+	}
+	res, err := l.b.Stmts.Exec(ctx, acquireMySQL, a.owner, us, l.b.Host, l.b.PID, a.key, a.key, v)
+	if err != nil {
+		return false, err
+	}
+	n, err := res.RowsAffected()
+	if err != nil || n == 0 {
+		return false, err
+	}
+	nv, err := res.LastInsertId()
+	if err != nil {
+		return false, err
+	}
+	a.version, a.start = nv, start
+	return true, nil
+}
+
+// reenter adds a hold to the owner's live row (reentrant) or adopts it (this
+// acquisition's own). It reports whether the row was the owner's.
+func (a *attempt) reenter(ctx context.Context) (bool, error) {
+	l := a.l
+	us := a.ttl.Microseconds()
+	start := l.b.Now()
+	if l.b.Dialect == sqllock.Postgres {
+		var v int64
+		err := l.b.Stmts.QueryRow(ctx, reenterPostgres, a.key, a.owner, us, a.reentrant).Scan(&v)
+		if errors.Is(err, sql.ErrNoRows) {
+			return false, nil
+		}
+		if err != nil {
+			return false, err
+		}
+		a.version, a.start = v, start
+		return true, nil
+	}
+	res, err := l.b.Stmts.Exec(ctx, reenterMySQL, a.reentrant, us, a.key, a.owner)
+	if err != nil {
+		return false, err
+	}
+	if n, err := res.RowsAffected(); err != nil || n == 0 {
+		return false, err
+	}
+	v, err := res.LastInsertId()
+	if err != nil {
+		return false, err
+	}
+	a.version, a.start = v, start
+	return true, nil
+}
+
+func (l *Locker) cachedVersion(key []byte) (int64, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	v, ok := l.versions[string(key)]
+	return v, ok
+}
+
+func (l *Locker) rememberVersion(key []byte, v int64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if _, ok := l.versions[string(key)]; !ok && len(l.versions) >= maxVersions {
+		for k := range l.versions { // drop one at random
+			delete(l.versions, k)
+			break
+		}
+	}
+	l.versions[string(key)] = v
+}
+
+// forget frees the row an attempt of owner may have taken without the caller
+// learning of it, so that a caller that gives up leaves nothing held behind. It waits
+// at most the attempt timeout (and lease.GiveBackTimeout). Best effort: on MySQL a
+// statement abandoned while it waited in the server may still commit after this;
+// such a lease, renewed by nobody, expires after its TTL.
+func (l *Locker) forget(ctx context.Context, key, owner []byte) {
+	var probe func(context.Context) (bool, error)
+	if l.b.Dialect == sqllock.MySQL {
+		probe = func(ctx context.Context) (bool, error) {
+			var one int
+			err := l.b.DB.QueryRowContext(ctx, forgetProbeMySQL, key, owner).Scan(&one)
+			if errors.Is(err, sql.ErrNoRows) {
+				return false, nil
+			}
+			return err == nil, err
+		}
+	}
+	q := l.b.Pick(forgetPostgres, forgetMySQL)
+	wait.Forget(ctx, min(lease.GiveBackTimeout, l.b.Cfg.Attempt), probe, func(ctx context.Context) error {
+		_, err := l.b.Stmts.Exec(ctx, q, key, owner)
+		return err
+	}, l.b.Cfg.Logger)
+}
+
+// Sweeper deletes rows of names free for longer than a grace period, for the reaper
+// package (it implements reaper.Sweeper).
+type Sweeper struct {
+	db      *sql.DB
+	dialect sqllock.Dialect
+	grace   time.Duration
+}
+
+// NewSweeper returns the Sweeper of the optimistic table: each batch deletes rows
+// free for more than grace by the database clock, after raising their names' counters
+// in sqllock_fence to their versions, so that tokens keep increasing when a swept
+// name is used again. It locks only the rows it deletes and skips (PostgreSQL) rows
+// being acquired.
+func NewSweeper(db *sql.DB, d sqllock.Dialect, grace time.Duration) (*Sweeper, error) {
+	if db == nil || !d.Valid() || grace < 0 {
+		return nil, lease.NewError("new-sweeper", d, "", sqllock.ErrInvalidOption,
+			fmt.Errorf("need a *sql.DB, a valid dialect and a grace period >= 0 (got %v)", grace))
+	}
+	return &Sweeper{db: db, dialect: d, grace: grace}, nil
+}
+
+// Name returns "sqllock_optimistic".
+func (s *Sweeper) Name() string { return "sqllock_optimistic" }
+
+// SweepBatch deletes at most limit rows free for longer than the grace period,
+// oldest first. See reaper.Sweeper.
+func (s *Sweeper) SweepBatch(ctx context.Context, limit int) (deleted int, more bool, err error) {
+	if limit <= 0 {
+		return 0, false, nil
+	}
+	us := s.grace.Microseconds()
+	if s.dialect == sqllock.Postgres {
+		var cand, n, f int64
+		if err := s.db.QueryRowContext(ctx, sweepPostgres, us, limit).Scan(&cand, &n, &f); err != nil {
+			return 0, false, err
+		}
+		return int(n), cand >= int64(limit), nil
+	}
+	keys, err := s.candidates(ctx, us, limit)
+	if err != nil || len(keys) == 0 {
+		return 0, false, err
+	}
+	in := strings.TrimSuffix(strings.Repeat("?,", len(keys)), ",")
+	args := make([]any, 0, len(keys)+1)
+	args = append(args, us)
+	for _, k := range keys {
+		args = append(args, k)
+	}
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return 0, false, err
+	}
+	defer tx.Rollback()
+	if _, err := tx.ExecContext(ctx, sweepFenceMySQL+in+sweepFenceTailMySQL, args...); err != nil {
+		return 0, false, err
+	}
+	res, err := tx.ExecContext(ctx, sweepDeleteMySQL+in+")", args...)
+	if err != nil {
+		return 0, false, err
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return 0, false, err
+	}
+	if err := tx.Commit(); err != nil {
+		return 0, false, err
+	}
+	return int(n), len(keys) >= limit, nil
+}
+
+func (s *Sweeper) candidates(ctx context.Context, us int64, limit int) ([][]byte, error) {
+	rows, err := s.db.QueryContext(ctx, sweepSelectMySQL, us, limit)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	keys := make([][]byte, 0, min(limit, 1024))
+	for rows.Next() {
+		var k []byte
+		if err := rows.Scan(&k); err != nil {
+			return nil, err
+		}
+		keys = append(keys, k)
+	}
+	return keys, rows.Err()
+}
