@@ -12,8 +12,10 @@ import (
 
 	"github.com/sqllock/sqllock"
 	"github.com/sqllock/sqllock/advisory"
+	"github.com/sqllock/sqllock/fairqueue"
 	"github.com/sqllock/sqllock/forupdate"
 	"github.com/sqllock/sqllock/migrations"
+	"github.com/sqllock/sqllock/optimistic"
 	"github.com/sqllock/sqllock/testdb"
 	"github.com/sqllock/sqllock/uniqueindex"
 )
@@ -28,10 +30,22 @@ import (
 // use (or uses the DSN variables) and Main terminates them after the run.
 func TestMain(m *testing.M) { os.Exit(testdb.Main(m)) }
 
-// strategy builds a Locker of one strategy on a pool.
+// strategy builds a Locker of one strategy on a pool: with the defaults (new), or
+// with a given TTL and keep-alive interval (timed; row strategies also poll at half
+// the keep-alive interval).
 type strategy struct {
-	name string
-	new  func(t testing.TB, db *sql.DB, d sqllock.Dialect) sqllock.Locker
+	name  string
+	new   func(t testing.TB, db *sql.DB, d sqllock.Dialect) sqllock.Locker
+	timed func(t testing.TB, db *sql.DB, d sqllock.Dialect, ttl, keepalive time.Duration) sqllock.Locker
+}
+
+// newShort: a Locker with short timings (keep-alive every 200ms).
+func (s strategy) newShort(t testing.TB, db *sql.DB, d sqllock.Dialect) sqllock.Locker {
+	ttl := 2 * time.Second
+	if s.name == "forupdate" {
+		ttl = 3 * time.Second
+	}
+	return s.timed(t, db, d, ttl, 200*time.Millisecond)
 }
 
 func must(t testing.TB, err error) {
@@ -41,22 +55,57 @@ func must(t testing.TB, err error) {
 	}
 }
 
+// closing registers c's Close and returns l.
+func closing(t testing.TB, l sqllock.Locker, c interface{ Close() error }) sqllock.Locker {
+	t.Cleanup(func() { c.Close() })
+	return l
+}
+
 var strategies = []strategy{
 	{"uniqueindex", func(t testing.TB, db *sql.DB, d sqllock.Dialect) sqllock.Locker {
 		l, err := uniqueindex.New(db, d, uniqueindex.WithTTL(10*time.Second))
 		must(t, err)
-		t.Cleanup(func() { l.Close() })
-		return l
+		return closing(t, l, l)
+	}, func(t testing.TB, db *sql.DB, d sqllock.Dialect, ttl, ka time.Duration) sqllock.Locker {
+		l, err := uniqueindex.New(db, d, uniqueindex.WithTTL(ttl), uniqueindex.WithKeepalive(ka), uniqueindex.WithPollInterval(ka/2))
+		must(t, err)
+		return closing(t, l, l)
 	}},
 	{"forupdate", func(t testing.TB, db *sql.DB, d sqllock.Dialect) sqllock.Locker {
 		l, err := forupdate.New(db, d)
 		must(t, err)
-		return l
+		return closing(t, l, l)
+	}, func(t testing.TB, db *sql.DB, d sqllock.Dialect, ttl, ka time.Duration) sqllock.Locker {
+		l, err := forupdate.New(db, d, forupdate.WithTTL(ttl), forupdate.WithKeepalive(ka))
+		must(t, err)
+		return closing(t, l, l)
 	}},
 	{"advisory", func(t testing.TB, db *sql.DB, d sqllock.Dialect) sqllock.Locker {
 		l, err := advisory.New(db, d)
 		must(t, err)
-		return l
+		return closing(t, l, l)
+	}, func(t testing.TB, db *sql.DB, d sqllock.Dialect, ttl, ka time.Duration) sqllock.Locker {
+		l, err := advisory.New(db, d, advisory.WithTTL(ttl), advisory.WithKeepalive(ka))
+		must(t, err)
+		return closing(t, l, l)
+	}},
+	{"optimistic", func(t testing.TB, db *sql.DB, d sqllock.Dialect) sqllock.Locker {
+		l, err := optimistic.New(db, d, optimistic.WithTTL(10*time.Second))
+		must(t, err)
+		return closing(t, l, l)
+	}, func(t testing.TB, db *sql.DB, d sqllock.Dialect, ttl, ka time.Duration) sqllock.Locker {
+		l, err := optimistic.New(db, d, optimistic.WithTTL(ttl), optimistic.WithKeepalive(ka), optimistic.WithPollInterval(ka/2))
+		must(t, err)
+		return closing(t, l, l)
+	}},
+	{"fairqueue", func(t testing.TB, db *sql.DB, d sqllock.Dialect) sqllock.Locker {
+		l, err := fairqueue.New(db, d, fairqueue.WithTTL(10*time.Second))
+		must(t, err)
+		return closing(t, l, l)
+	}, func(t testing.TB, db *sql.DB, d sqllock.Dialect, ttl, ka time.Duration) sqllock.Locker {
+		l, err := fairqueue.New(db, d, fairqueue.WithTTL(ttl), fairqueue.WithKeepalive(ka), fairqueue.WithPollInterval(ka/2))
+		must(t, err)
+		return closing(t, l, l)
 	}},
 }
 
@@ -91,16 +140,14 @@ func TestFreshSchema(t *testing.T) {
 			if err := migrations.Down(ctx, db, d); err != nil {
 				t.Fatalf("round %d: Down: %v", round, err)
 			}
+			// Every strategy needs a table (advisory for its fencing token), and says
+			// to run the migrations.
 			for _, s := range strategies {
-				if s.name == "advisory" {
-					continue // needs a table only for its fencing token; checked below
-				}
 				if err := use(s, 0); err == nil {
 					t.Errorf("round %d: %s works after Down: the migrations do not own its tables", round, s.name)
+				} else if !errors.Is(err, sqllock.ErrNotMigrated) {
+					t.Errorf("round %d: %s on an unmigrated database: %v, want an error matching ErrNotMigrated", round, s.name, err)
 				}
-			}
-			if err := use(strategies[2], 0); err == nil {
-				t.Errorf("round %d: advisory with a token works without sqllock_fence", round)
 			}
 		}
 	})
@@ -210,6 +257,104 @@ func TestStrategiesAreIndependent(t *testing.T) {
 			if err := l.Release(ctx); err != nil && !errors.Is(err, sqllock.ErrNotHeld) {
 				t.Error(err)
 			}
+		}
+	})
+}
+
+// privileges are the grants each strategy needs at run time, once an administrator
+// has applied the migrations. The README's "Privileges" section lists the same.
+var privileges = map[string]map[sqllock.Dialect][]string{
+	"uniqueindex": {
+		sqllock.Postgres: {"SELECT, INSERT, UPDATE, DELETE ON sqllock_lease", "SELECT, INSERT, UPDATE ON sqllock_fence"},
+		sqllock.MySQL:    {"SELECT, INSERT, UPDATE, DELETE ON sqllock_lease", "SELECT, INSERT, UPDATE ON sqllock_fence"},
+	},
+	"forupdate": {
+		sqllock.Postgres: {"SELECT, INSERT, UPDATE ON sqllock_rowlock", "USAGE ON SEQUENCE sqllock_rowlock_token_seq"},
+		sqllock.MySQL:    {"SELECT, INSERT, UPDATE, DELETE ON sqllock_rowlock"},
+	},
+	"advisory": {
+		sqllock.Postgres: {"SELECT, INSERT, UPDATE ON sqllock_fence"},
+		sqllock.MySQL:    {"SELECT, INSERT, UPDATE ON sqllock_fence"},
+	},
+	"optimistic": {
+		sqllock.Postgres: {"SELECT, INSERT, UPDATE ON sqllock_optimistic", "SELECT ON sqllock_fence"},
+		sqllock.MySQL:    {"SELECT, INSERT, UPDATE ON sqllock_optimistic", "SELECT ON sqllock_fence"},
+	},
+	"fairqueue": {
+		sqllock.Postgres: {"SELECT, INSERT, UPDATE ON sqllock_queue", "SELECT, INSERT, UPDATE, DELETE ON sqllock_ticket"},
+		sqllock.MySQL:    {"SELECT, INSERT, UPDATE ON sqllock_queue", "SELECT, INSERT, UPDATE, DELETE ON sqllock_ticket"},
+	},
+}
+
+// migrationsGrant lets a user check that the schema is current (migrations.Up and
+// Version at start-up) without the right to change it.
+const migrationsGrant = "SELECT ON sqllock_schema_migrations"
+
+// TestPrivileges: each strategy works for a user that has exactly the documented
+// grants and nothing else: migrations.Up on a current schema succeeds, and the lock
+// is acquired, contended, kept alive, checked and released.
+func TestPrivileges(t *testing.T) {
+	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
+		for _, s := range strategies {
+			t.Run(s.name, func(t *testing.T) {
+				testdb.CheckLeaks(t)
+				ctx := testdb.Context(t, 2*time.Minute)
+				grants := append([]string{migrationsGrant}, privileges[s.name][d]...)
+				dbA, dbB := testdb.OpenAs(t, d, grants...), testdb.OpenAs(t, d, grants...)
+				if err := migrations.Up(ctx, dbA, d); err != nil {
+					t.Fatalf("migrations.Up on a current schema, as a user without CREATE: %v", err)
+				}
+				if v, dirty, err := migrations.Version(ctx, dbA, d); err != nil || v == 0 || dirty {
+					t.Fatalf("migrations.Version: %d, %v, %v", v, dirty, err)
+				}
+				a, b := s.newShort(t, dbA, d), s.newShort(t, dbB, d)
+				name := testdb.Name(t)
+				first, err := a.Acquire(ctx, name)
+				if err != nil {
+					t.Fatalf("Acquire: %v", err)
+				}
+				if _, err := b.TryAcquire(ctx, name); !errors.Is(err, sqllock.ErrNotAcquired) {
+					t.Fatalf("TryAcquire of a held lock: %v, want ErrNotAcquired", err)
+				}
+				// A waiter with a deadline, and one cancelled: interrupts on the server.
+				wctx, wcancel := context.WithTimeout(ctx, 300*time.Millisecond)
+				_, err = b.Acquire(wctx, name)
+				wcancel()
+				if !errors.Is(err, sqllock.ErrNotAcquired) || !errors.Is(err, context.DeadlineExceeded) {
+					t.Fatalf("Acquire past its deadline: %v", err)
+				}
+				// Keep-alives run (every 200ms) for a while.
+				select {
+				case <-first.Done():
+					t.Fatalf("lease lost while held: %v", first.Err())
+				case <-time.After(time.Second):
+				}
+				if c, ok := first.(interface {
+					Check(context.Context, *sql.Tx) error
+				}); ok {
+					tx, err := dbA.BeginTx(ctx, nil)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if err := c.Check(ctx, tx); err != nil {
+						t.Errorf("Check: %v", err)
+					}
+					tx.Rollback()
+				}
+				if err := first.Release(ctx); err != nil {
+					t.Fatalf("Release: %v", err)
+				}
+				second, err := b.Acquire(ctx, name)
+				if err != nil {
+					t.Fatalf("Acquire after Release: %v", err)
+				}
+				if second.Token() <= first.Token() {
+					t.Errorf("token %d after %d", second.Token(), first.Token())
+				}
+				if err := second.Release(ctx); err != nil {
+					t.Fatal(err)
+				}
+			})
 		}
 	})
 }

@@ -29,8 +29,11 @@ import (
 	"github.com/robfig/cron/v3"
 
 	"github.com/sqllock/sqllock"
+	"github.com/sqllock/sqllock/fairqueue"
 	"github.com/sqllock/sqllock/internal/backoff"
+	"github.com/sqllock/sqllock/internal/lease"
 	"github.com/sqllock/sqllock/internal/sqlerr"
+	"github.com/sqllock/sqllock/optimistic"
 	"github.com/sqllock/sqllock/uniqueindex"
 )
 
@@ -73,8 +76,8 @@ const maxConflicts = 5
 // conflictPolicy spaces the retries of a batch after a transient error.
 var conflictPolicy = backoff.Policy{Min: 5 * time.Millisecond, Max: 200 * time.Millisecond}
 
-// Option configures a Reaper.
-type Option func(*config)
+// Option configures a Reaper. Options are validated by New.
+type Option func(*config) error
 
 type config struct {
 	schedule          string
@@ -86,24 +89,72 @@ type config struct {
 
 // WithSchedule sets the cron schedule (DefaultSchedule), in the syntax of
 // robfig/cron/v3's standard parser: five fields, or descriptors such as "@every 30s".
-func WithSchedule(spec string) Option { return func(c *config) { c.schedule = spec } }
+func WithSchedule(spec string) Option {
+	return func(c *config) error {
+		if _, err := cron.ParseStandard(spec); err != nil {
+			return fmt.Errorf("schedule %q: %w", spec, err)
+		}
+		c.schedule = spec
+		return nil
+	}
+}
 
 // WithBatchSize sets the rows per batch (DefaultBatchSize).
-func WithBatchSize(n int) Option { return func(c *config) { c.batch = n } }
+func WithBatchSize(n int) Option {
+	return func(c *config) error {
+		if n <= 0 {
+			return fmt.Errorf("batch size %d is not positive", n)
+		}
+		c.batch = n
+		return nil
+	}
+}
 
 // WithMaxBatches bounds the batches of one Sweeper per run (DefaultMaxBatches).
-func WithMaxBatches(n int) Option { return func(c *config) { c.maxBatches = n } }
+func WithMaxBatches(n int) Option {
+	return func(c *config) error {
+		if n <= 0 {
+			return fmt.Errorf("max batches %d is not positive", n)
+		}
+		c.maxBatches = n
+		return nil
+	}
+}
 
-// WithGrace keeps lease rows for d past their expiry (DefaultGrace).
-func WithGrace(d time.Duration) Option { return func(c *config) { c.grace = d } }
+// WithGrace keeps expired rows for d past their expiry (DefaultGrace).
+func WithGrace(d time.Duration) Option {
+	return func(c *config) error {
+		if d < 0 {
+			return fmt.Errorf("grace %v is negative", d)
+		}
+		c.grace = d
+		return nil
+	}
+}
 
 // WithSweepers adds sweepers, run after the lease table's.
 func WithSweepers(s ...Sweeper) Option {
-	return func(c *config) { c.sweepers = append(c.sweepers, s...) }
+	return func(c *config) error {
+		for _, sw := range s {
+			if sw == nil {
+				return errors.New("nil Sweeper")
+			}
+		}
+		c.sweepers = append(c.sweepers, s...)
+		return nil
+	}
 }
 
-// WithLogger sets the logger of the counts (default slog.Default()).
-func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
+// WithLogger sets the logger of the counts (default: none).
+func WithLogger(l *slog.Logger) Option {
+	return func(c *config) error {
+		if l == nil {
+			return errors.New("nil logger")
+		}
+		c.logger = l
+		return nil
+	}
+}
 
 // Reaper deletes expired rows on a schedule. Its methods are safe for concurrent use.
 type Reaper struct {
@@ -118,34 +169,35 @@ type Reaper struct {
 	running sync.Mutex // one run at a time in this process
 }
 
-// New returns a Reaper of the lease table of db (see uniqueindex.NewSweeper) plus the
-// sweepers given with WithSweepers. It returns an error matching
+// New returns a Reaper of the lease table of db (see uniqueindex.NewSweeper), of the
+// optimistic strategy's rows of unused names (optimistic.NewSweeper) and of the fair
+// queue's dead tickets (fairqueue.NewSweeper), plus the sweepers given with
+// WithSweepers. It returns an error matching
 // sqllock.ErrInvalidOption for a bad option.
 func New(db *sql.DB, d sqllock.Dialect, opts ...Option) (*Reaper, error) {
 	cfg := config{schedule: DefaultSchedule, batch: DefaultBatchSize, maxBatches: DefaultMaxBatches, grace: DefaultGrace}
-	for _, o := range opts {
-		o(&cfg)
+	if err := lease.Apply(&cfg, opts); err != nil {
+		return nil, lease.NewError("reaper", d, "", sqllock.ErrInvalidOption, err)
 	}
-	bad := func(format string, a ...any) (*Reaper, error) {
-		return nil, &sqllock.Error{Op: "reaper", Dialect: d, Kind: sqllock.ErrInvalidOption, Err: fmt.Errorf(format, a...)}
-	}
-	if cfg.batch <= 0 || cfg.maxBatches <= 0 {
-		return bad("batch size %d and max batches %d must be positive", cfg.batch, cfg.maxBatches)
-	}
-	if cfg.grace < 0 {
-		return bad("grace %v is negative", cfg.grace)
-	}
-	if _, err := cron.ParseStandard(cfg.schedule); err != nil {
-		return bad("schedule %q: %v", cfg.schedule, err)
+	if db == nil || !d.Valid() {
+		return nil, lease.NewError("reaper", d, "", sqllock.ErrInvalidOption, errors.New("need a *sql.DB and a valid dialect"))
 	}
 	if cfg.logger == nil {
-		cfg.logger = slog.Default()
+		cfg.logger = slog.New(slog.DiscardHandler)
 	}
 	lease, err := uniqueindex.NewSweeper(db, d, cfg.grace)
 	if err != nil {
 		return nil, err
 	}
-	return &Reaper{cfg: cfg, dialect: d, sweepers: append([]Sweeper{lease}, cfg.sweepers...)}, nil
+	versions, err := optimistic.NewSweeper(db, d, cfg.grace)
+	if err != nil {
+		return nil, err
+	}
+	tickets, err := fairqueue.NewSweeper(db, d, cfg.grace)
+	if err != nil {
+		return nil, err
+	}
+	return &Reaper{cfg: cfg, dialect: d, sweepers: append([]Sweeper{lease, versions, tickets}, cfg.sweepers...)}, nil
 }
 
 // Start runs the reaper on its schedule in the background until Stop. A run that is
@@ -246,4 +298,8 @@ func (r *Reaper) RunOnce(ctx context.Context) (Report, error) {
 	return rep, nil
 }
 
-var _ Sweeper = (*uniqueindex.Sweeper)(nil)
+var (
+	_ Sweeper = (*uniqueindex.Sweeper)(nil)
+	_ Sweeper = (*optimistic.Sweeper)(nil)
+	_ Sweeper = (*fairqueue.Sweeper)(nil)
+)

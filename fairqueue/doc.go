@@ -1,0 +1,53 @@
+// Package fairqueue is a strictly first-in first-out lock built from a waiter table:
+// the SQL form of ZooKeeper's ephemeral sequential nodes. NewSemaphore gives the
+// same queue with n holders, a fair counting semaphore.
+//
+// # Tickets
+//
+// Acquire draws a ticket for the name from its dispenser (sqllock_queue, migration
+// 0005) and inserts it into sqllock_ticket. The ticket is drawn and inserted in one
+// transaction, and the dispenser row stays locked until it commits, so the next
+// ticket of the name is drawn only after this one is visible: the order of tickets is
+// the order in which they became visible (a bare sequence or AUTO_INCREMENT would not
+// do: their values are handed out before commit, and a lower ticket could appear
+// after a higher one was granted). The lowest live ticket holds the lock (the n
+// lowest, for a semaphore). Grants therefore follow the order of Acquire calls, across
+// processes, and the ticket is the fencing token: strictly increasing with every
+// grant, across restarts (dispensers are never deleted).
+//
+// A ticket is live while its expiry, on the database clock, is in the future; its
+// owner keeps it alive with the library's lease core while it waits and while it
+// holds, so a waiter or holder that dies (SIGKILL, a killed session, a partition)
+// stops blocking its successors once its ticket expires, and not before. Its
+// successor deletes it before taking the lock (waiting for a Check its transaction
+// may still hold), and the reaper removes the dead tickets nobody came for
+// (NewSweeper). A waiter whose own ticket died (it could not renew it for a whole
+// TTL) draws a new one at the back of the queue. The lease of a holder ends with
+// ErrLost before its ticket expires on the server, as for the other strategies.
+//
+// # Waiting
+//
+// Each waiter watches only its predecessors (the one before it; the n before it for
+// a semaphore): there is no thundering herd. On PostgreSQL a release sends a NOTIFY
+// naming the released ticket in its DELETE statement, and the Locker's one LISTEN
+// connection wakes only the waiter whose predecessor it was; a waiter also wakes at
+// its predecessor's expiry (a dead owner releases nothing). On MySQL, which has no
+// notifications, the waiter next in line polls with a short jittered backoff (at most
+// 20ms) and the others slowly (the poll interval); a release in the same process
+// wakes its successor at once. Waiters hold no pooled connection while they sleep.
+// A cancelled or timed-out Acquire deletes its ticket before it returns, so its
+// successor moves up; TryAcquire never leaves a ticket behind.
+//
+// # Cost
+//
+// Uncontended, an acquisition is two statements on PostgreSQL (draw the ticket, look
+// at the predecessors) and three on MySQL (the dispenser is moved on by a statement of
+// its own), plus one to release; one more when dead tickets are ahead. A waiter sends
+// one statement per wake-up. Tickets are renewed every keep-alive interval while
+// waiting too.
+//
+// # Failover
+//
+// Tickets are as durable as the database: a failover to an asynchronous replica
+// that missed the last commits can lose tickets and hand a number out again.
+package fairqueue

@@ -1,0 +1,533 @@
+package fairqueue
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/sqllock/sqllock"
+	"github.com/sqllock/sqllock/internal/backoff"
+	"github.com/sqllock/sqllock/internal/lease"
+	"github.com/sqllock/sqllock/internal/namekey"
+	"github.com/sqllock/sqllock/internal/rowlease"
+	"github.com/sqllock/sqllock/internal/sqlerr"
+	"github.com/sqllock/sqllock/internal/wait"
+)
+
+// Defaults of the options.
+const (
+	// DefaultTTL is the lease time of a ticket, waiting or holding: a ticket whose
+	// owner stops renewing it is dead after it, and stops blocking its successors.
+	DefaultTTL = rowlease.DefaultTTL
+	// DefaultPollInterval caps the time a waiter sleeps between two looks at its
+	// predecessors when no wake-up comes.
+	DefaultPollInterval = rowlease.DefaultPollInterval
+	// DefaultAttemptTimeout bounds one statement.
+	DefaultAttemptTimeout = rowlease.DefaultAttemptTimeout
+	// nextPoll caps the sleep of a MySQL waiter next in line to be granted (and, times
+	// its place, of the others): MySQL has no notifications, so it looks often.
+	nextPoll = 10 * time.Millisecond
+)
+
+// Option configures a Locker. Options are validated by New.
+type Option func(*rowlease.Config) error
+
+// WithTTL sets the lease time of the Locker's tickets (DefaultTTL).
+// sqllock.WithLeaseTTL overrides it for one acquisition.
+func WithTTL(d time.Duration) Option { return func(c *rowlease.Config) error { return c.SetTTL(d) } }
+
+// WithKeepalive sets how often a ticket is renewed (default TTL/3). It must be at
+// most half the TTL.
+func WithKeepalive(d time.Duration) Option {
+	return func(c *rowlease.Config) error { return c.SetInterval(d) }
+}
+
+// WithPollInterval caps the sleep of a waiter between two looks at its predecessors
+// (DefaultPollInterval).
+func WithPollInterval(d time.Duration) Option {
+	return func(c *rowlease.Config) error { return c.SetPoll(d) }
+}
+
+// WithAttemptTimeout bounds each statement the Locker sends (DefaultAttemptTimeout),
+// and never more than what is left of the caller's context.
+func WithAttemptTimeout(d time.Duration) Option {
+	return func(c *rowlease.Config) error { return c.SetAttempt(d) }
+}
+
+// WithLogger sets the logger of lease losses and listener errors (default: none).
+func WithLogger(l *slog.Logger) Option {
+	return func(c *rowlease.Config) error { return c.SetLogger(l) }
+}
+
+// Locker acquires fairqueue locks (or, from NewSemaphore, permits of a counting
+// semaphore). It is safe for concurrent use. Close it when done.
+type Locker struct {
+	b       *rowlease.Locker
+	permits int
+
+	mu     sync.Mutex
+	owners map[string]*ticket // owner key + "\x00" + lock key -> the held ticket it re-enters
+}
+
+// New returns a Locker of strictly first-in first-out locks on db, which must have
+// been migrated (migrations.Up). It sends no SQL. It returns an error matching
+// sqllock.ErrInvalidOption for an invalid dialect or option.
+func New(db *sql.DB, d sqllock.Dialect, opts ...Option) (*Locker, error) {
+	return NewSemaphore(db, d, 1, opts...)
+}
+
+// NewSemaphore returns a Locker whose names are counting semaphores of n permits:
+// the n lowest live tickets of a name hold it at once, granted in the order the
+// tickets were drawn. Every Locker of a name must use the same n.
+func NewSemaphore(db *sql.DB, d sqllock.Dialect, n int, opts ...Option) (*Locker, error) {
+	cfg := rowlease.Defaults()
+	if err := lease.New("fairqueue", db, d, &cfg, &cfg.Config, opts); err != nil {
+		return nil, err
+	}
+	if n < 1 {
+		return nil, lease.NewError("new", d, "", sqllock.ErrInvalidOption, fmt.Errorf("fairqueue: %d permits: need at least 1", n))
+	}
+	return &Locker{b: rowlease.New("fairqueue", db, d, cfg, channel), permits: n, owners: map[string]*ticket{}}, nil
+}
+
+// Permits returns the number of holders a name may have at once (1 for New).
+func (l *Locker) Permits() int { return l.permits }
+
+// Close stops the shared PostgreSQL listener and wakes the waiters, which go on by
+// polling. Held leases and waiting tickets are not released. Idempotent.
+func (l *Locker) Close() error {
+	l.b.Close()
+	return nil
+}
+
+// Acquire draws a ticket for name and waits until it is among the lowest live
+// tickets (the first, for a lock), or until ctx ends, when the ticket is deleted
+// before Acquire returns. See sqllock.Locker. sqllock.WithOwner makes the
+// acquisition reentrant within this Locker; sqllock.WithLeaseTTL overrides the
+// ticket's lease time.
+func (l *Locker) Acquire(ctx context.Context, name string, opts ...sqllock.AcquireOption) (sqllock.Lease, error) {
+	le, err := l.acquire(ctx, "acquire", name, opts, true)
+	if err != nil {
+		return nil, err
+	}
+	return le, nil
+}
+
+// TryAcquire draws a ticket and keeps it only if no live ticket is ahead of it (fewer
+// than the permits, for a semaphore); otherwise it deletes it and returns an error
+// matching sqllock.ErrNotAcquired. It never leaves a ticket behind.
+func (l *Locker) TryAcquire(ctx context.Context, name string, opts ...sqllock.AcquireOption) (sqllock.Lease, error) {
+	le, err := l.acquire(ctx, "try-acquire", name, opts, false)
+	if err != nil {
+		return nil, err
+	}
+	return le, nil
+}
+
+func (l *Locker) acquire(ctx context.Context, op, name string, opts []sqllock.AcquireOption, block bool) (*Lease, error) {
+	ac, tm, err := l.b.Prelude(ctx, op, name, opts)
+	if err != nil {
+		return nil, err
+	}
+	key := namekey.Key(name)
+	if ac.Owner != "" {
+		if le := l.reenter(ac.Owner, key); le != nil {
+			return le, nil
+		}
+	}
+	for {
+		le, err := l.enqueue(ctx, op, name, key, tm, block)
+		if err != nil {
+			return nil, err
+		}
+		granted, err := l.waitTurn(ctx, le, block)
+		if err == nil && granted {
+			if err := lease.Granted(ctx, le.core.Label(), op, le.Release); err != nil {
+				return nil, err
+			}
+			if ac.Owner != "" {
+				l.own(ac.Owner, le)
+			}
+			return le, nil
+		}
+		if errors.Is(err, errTicketLost) && block && ctx.Err() == nil {
+			// The ticket died while waiting (renewals failed past its deadline): it lost
+			// its place; draw a new one.
+			le.core.Release(ctx)
+			continue
+		}
+		// Not granted: delete the ticket before returning, even if ctx has ended.
+		le.core.Release(ctx)
+		switch {
+		case ctx.Err() != nil:
+			return nil, l.b.Errorf(op, name, sqllock.ErrNotAcquired, ctx.Err())
+		case err == nil || errors.Is(err, errTicketLost):
+			return nil, l.b.Errorf(op, name, sqllock.ErrNotAcquired, errors.New("tickets ahead of it are live"))
+		case sqlerr.Transient(err) || wait.OutcomeUnknown(err):
+			return nil, l.b.Errorf(op, name, sqllock.ErrNotAcquired, err)
+		}
+		return nil, l.b.Errorf(op, name, nil, err)
+	}
+}
+
+var errTicketLost = errors.New("ticket lost while waiting")
+
+// enqueue draws a ticket and starts its keep-alive. An enqueue whose outcome is
+// unknown is undone (forget) before the error is returned.
+func (l *Locker) enqueue(ctx context.Context, op, name string, key []byte, tm lease.Timing, block bool) (*Lease, error) {
+	owner := l.b.Owner('T', "")
+	var ticket int64
+	var start time.Time
+	var err error
+	for attempt := 0; ; attempt++ {
+		err = wait.Retry(ctx, func() error {
+			actx, cancel := l.b.AttemptContext(ctx)
+			defer cancel()
+			var err error
+			ticket, start, err = l.draw(actx, key, name, owner, tm.TTL)
+			return err
+		}, nil)
+		// An Acquire goes on drawing through conflicts (draws of a busy name on MySQL
+		// collide) until its ctx ends.
+		if err == nil || !block || !sqlerr.Transient(err) || ctx.Err() != nil {
+			break
+		}
+		if backoff.Sleep(ctx, wait.TransientPolicy.Delay(attempt), nil) != nil {
+			break
+		}
+	}
+	if err != nil {
+		if wait.OutcomeUnknown(err) {
+			l.forget(ctx, key, owner)
+		}
+		if ctx.Err() != nil {
+			return nil, l.b.Errorf(op, name, sqllock.ErrNotAcquired, ctx.Err())
+		}
+		if sqlerr.Transient(err) {
+			return nil, l.b.Errorf(op, name, sqllock.ErrNotAcquired, err)
+		}
+		return nil, l.b.Errorf(op, name, nil, err)
+	}
+	return l.newLease(name, key, owner, ticket, tm, start), nil
+}
+
+// draw inserts a ticket and returns its number and when the statement that set its
+// expiry was sent.
+func (l *Locker) draw(ctx context.Context, key []byte, name string, owner []byte, ttl time.Duration) (int64, time.Time, error) {
+	us := ttl.Microseconds()
+	start := l.b.Now()
+	if l.b.Dialect == sqllock.Postgres {
+		var t int64
+		err := l.b.Stmts.QueryRow(ctx, enqueuePostgres, key, []byte(name), owner, us, l.b.Host, l.b.PID).Scan(&t)
+		return t, start, err
+	}
+	for created := false; ; {
+		start = l.b.Now()
+		res, err := l.b.Stmts.Exec(ctx, enqueueMySQL, key, owner, us, l.b.Host, l.b.PID, key)
+		if sqlerr.Is(err, sqlerr.Duplicate) {
+			// A concurrent draw took the dispenser's number first (or an owner died
+			// between its two statements): draw in a transaction instead, which holds
+			// the dispenser until the ticket commits.
+			return l.drawTx(ctx, key, name, owner, us)
+		}
+		if err != nil {
+			return 0, start, err
+		}
+		n, err := res.RowsAffected()
+		if err != nil {
+			return 0, start, err
+		}
+		if n == 0 && !created {
+			if _, err := l.b.Stmts.Exec(ctx, createMySQL, key, []byte(name)); err != nil {
+				return 0, start, err
+			}
+			created = true
+			continue
+		}
+		if n == 0 {
+			return 0, start, errors.New("fairqueue: the ticket dispenser of the name is missing")
+		}
+		t, err := res.LastInsertId()
+		if err != nil {
+			return 0, start, err
+		}
+		_, err = l.b.Stmts.Exec(ctx, bumpMySQL, t, key)
+		return t, start, err
+	}
+}
+
+// drawTx is the MySQL draw in one transaction, taken when a concurrent draw took
+// the dispenser's number first: it locks the dispenser (waiting for the draws under
+// way to commit), numbers the ticket past both the dispenser and every ticket there
+// is, moves the dispenser on and inserts the ticket, which commit together.
+func (l *Locker) drawTx(ctx context.Context, key []byte, name string, owner []byte, us int64) (int64, time.Time, error) {
+	tx, err := l.b.DB.BeginTx(ctx, nil)
+	if err != nil {
+		return 0, time.Time{}, err
+	}
+	defer tx.Rollback()
+	var next, highest int64
+	if err := tx.QueryRowContext(ctx, drawTxLockMySQL, key).Scan(&next); err != nil {
+		return 0, time.Time{}, err
+	}
+	if err := tx.QueryRowContext(ctx, drawTxHighestMySQL, key).Scan(&highest); err != nil {
+		return 0, time.Time{}, err
+	}
+	ticket := max(next, highest+1)
+	if _, err := tx.ExecContext(ctx, bumpMySQL, ticket, key); err != nil {
+		return 0, time.Time{}, err
+	}
+	start := l.b.Now()
+	if _, err := tx.ExecContext(ctx, drawTxTicketMySQL, key, ticket, owner, us, l.b.Host, l.b.PID); err != nil {
+		return 0, start, err
+	}
+	return ticket, start, tx.Commit()
+}
+
+// waitTurn waits until le's ticket is among the lowest live tickets of its name (the
+// permits), watching only its nearest predecessors: it wakes when one of them is
+// released (a NOTIFY with its ticket on PostgreSQL, a release in this process), when
+// the nearest one's lease would expire (a dead owner), or after a poll. With block
+// false it looks once. It returns errTicketLost if the ticket died meanwhile.
+func (l *Locker) waitTurn(ctx context.Context, le *Lease, block bool) (bool, error) {
+	for attempt := 0; ; attempt++ {
+		if le.core.Err() != nil {
+			return false, errTicketLost
+		}
+		preds, position, dead, err := l.predecessors(ctx, le)
+		if err == nil && position < l.permits {
+			if dead {
+				// Drop the dead tickets first: this waits for a Check a dead holder's
+				// transaction may still hold on its ticket.
+				err = l.dropDead(ctx, le)
+			}
+			if err == nil {
+				if le.core.Err() != nil {
+					return false, errTicketLost
+				}
+				return true, nil
+			}
+		}
+		switch {
+		case err == nil:
+		case ctx.Err() != nil:
+			return false, ctx.Err()
+		case sqlerr.Transient(err) || wait.OutcomeUnknown(err):
+			if !block {
+				return false, err
+			}
+		default:
+			return false, err
+		}
+		if !block {
+			return false, nil
+		}
+		if err := l.sleep(ctx, le, preds, position-l.permits+1, attempt, err != nil); err != nil {
+			return false, err
+		}
+	}
+}
+
+// pred is a live predecessor: its ticket and its remaining lease.
+type pred struct {
+	ticket int64
+	left   time.Duration
+}
+
+// predecessors returns the nearest live tickets below le's (at most the permits), how
+// many live tickets are below it (its position: granted below the permits), and
+// whether a dead one is below it.
+func (l *Locker) predecessors(ctx context.Context, le *Lease) (preds []pred, position int, dead bool, err error) {
+	actx, cancel := l.b.AttemptContext(ctx)
+	defer cancel()
+	var rows *sql.Rows
+	if l.b.Dialect == sqllock.Postgres {
+		rows, err = l.b.DB.QueryContext(actx, predecessorsPostgres, le.key, le.number, l.permits)
+	} else {
+		rows, err = l.b.DB.QueryContext(actx, predecessorsMySQL, le.key, le.number, l.permits, le.key, le.number, le.key, le.number)
+	}
+	if err != nil {
+		return nil, 0, false, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var t, us int64
+		if err := rows.Scan(&t, &us); err != nil {
+			return nil, 0, false, err
+		}
+		switch {
+		case t == 0 && us == -1:
+			dead = true
+		case t == -1:
+			position = int(us)
+		default:
+			preds = append(preds, pred{t, time.Duration(us) * time.Microsecond})
+		}
+	}
+	return preds, position, dead, rows.Err()
+}
+
+func (l *Locker) dropDead(ctx context.Context, le *Lease) error {
+	actx, cancel := l.b.AttemptContext(ctx)
+	defer cancel()
+	q := dropDeadMySQL
+	if l.b.Dialect == sqllock.Postgres {
+		q = dropDeadPostgres
+	}
+	return wait.Retry(actx, func() error {
+		_, err := l.b.Stmts.Exec(actx, q, le.key, le.number)
+		return err
+	}, nil)
+}
+
+// sleep waits for the release of one of preds (their topics), the nearest one's
+// expiry, a poll, the ticket's own loss, or ctx.
+func (l *Locker) sleep(ctx context.Context, le *Lease, preds []pred, place, attempt int, failed bool) error {
+	wake := make(chan struct{}, 1)
+	topics := make([]string, len(preds))
+	for i, p := range preds {
+		topics[i] = wait.Topic(le.key, strconv.FormatInt(p.ticket, 10))
+	}
+	defer l.b.Hub.SubscribeTopics(wake, topics...)()
+	// The fallback: the nearest predecessors' expiry (a dead owner releases nothing),
+	// at most the poll interval. On MySQL, which has no notifications, a waiter polls
+	// every nextPoll times its place in the line (place 1 is next to be granted), with
+	// jitter, at most every poll interval: the statements a grant costs grow with the
+	// logarithm of the queue's length (the harmonic sum of the places), not with it.
+	d := backoff.Policy{Min: l.b.Cfg.Poll / 2, Max: l.b.Cfg.Poll}.Delay(1)
+	switch {
+	case failed:
+		d = backoff.Policy{Min: time.Millisecond, Max: l.b.Cfg.Poll}.Delay(attempt)
+	case l.b.Dialect == sqllock.MySQL:
+		maxd := min(l.b.Cfg.Poll, time.Duration(max(place, 1))*nextPoll)
+		d = backoff.Policy{Min: maxd / 2, Max: maxd}.Delay(1)
+	default:
+		l.b.Hub.Listen()
+	}
+	for _, p := range preds {
+		if p.left > 0 && p.left+time.Millisecond < d {
+			d = p.left + time.Millisecond
+		}
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-wake:
+	case <-le.core.Done():
+	case <-t.C:
+	}
+	return nil
+}
+
+// forget deletes the tickets an enqueue of owner may have left without the caller
+// learning of it. Best effort, bounded by the attempt timeout: a ticket left behind
+// dies after its TTL.
+func (l *Locker) forget(ctx context.Context, key, owner []byte) {
+	// No probe: the tickets of an owner are never another holder's, nothing locks
+	// them but their owner.
+	q := l.b.Pick(forgetPostgres, forgetMySQL)
+	wait.Forget(ctx, min(lease.GiveBackTimeout, l.b.Cfg.Attempt), nil, func(ctx context.Context) error {
+		_, err := l.b.Stmts.Exec(ctx, q, key, owner)
+		return err
+	}, l.b.Cfg.Logger)
+}
+
+// reenter adds a hold to the ticket an owner key holds on key through this Locker.
+func (l *Locker) reenter(owner string, key []byte) *Lease {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	t := l.owners[owner+"\x00"+string(key)]
+	if t == nil || t.core.Err() != nil {
+		return nil
+	}
+	return t.addHold()
+}
+
+func (l *Locker) own(owner string, le *Lease) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	k := owner + "\x00" + string(le.key)
+	le.ownerKey = k
+	l.owners[k] = le.ticket
+}
+
+func (l *Locker) disown(t *ticket) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if t.ownerKey != "" && l.owners[t.ownerKey] == t {
+		delete(l.owners, t.ownerKey)
+	}
+}
+
+// Sweeper deletes dead tickets for the reaper package (it implements
+// reaper.Sweeper).
+type Sweeper struct {
+	db      *sql.DB
+	dialect sqllock.Dialect
+	grace   time.Duration
+}
+
+// NewSweeper returns the Sweeper of the ticket table: each batch deletes tickets
+// dead (expired by the database clock) for more than grace, never waiting for a
+// lock. The dispensers (sqllock_queue) are kept: they make the tokens.
+func NewSweeper(db *sql.DB, d sqllock.Dialect, grace time.Duration) (*Sweeper, error) {
+	if db == nil || !d.Valid() || grace < 0 {
+		return nil, lease.NewError("new-sweeper", d, "", sqllock.ErrInvalidOption,
+			fmt.Errorf("need a *sql.DB, a valid dialect and a grace period >= 0 (got %v)", grace))
+	}
+	return &Sweeper{db: db, dialect: d, grace: grace}, nil
+}
+
+// Name returns "sqllock_ticket".
+func (s *Sweeper) Name() string { return "sqllock_ticket" }
+
+// SweepBatch deletes at most limit dead tickets. See reaper.Sweeper.
+func (s *Sweeper) SweepBatch(ctx context.Context, limit int) (deleted int, more bool, err error) {
+	if limit <= 0 {
+		return 0, false, nil
+	}
+	us := s.grace.Microseconds()
+	if s.dialect == sqllock.Postgres {
+		var cand, n int64
+		if err := s.db.QueryRowContext(ctx, sweepPostgres, us, limit).Scan(&cand, &n); err != nil {
+			return 0, false, err
+		}
+		return int(n), cand >= int64(limit), nil
+	}
+	rows, err := s.db.QueryContext(ctx, sweepSelectMySQL, us, limit)
+	if err != nil {
+		return 0, false, err
+	}
+	type cand struct {
+		key    []byte
+		ticket int64
+	}
+	var cands []cand
+	for rows.Next() {
+		var c cand
+		if err := rows.Scan(&c.key, &c.ticket); err != nil {
+			rows.Close()
+			return 0, false, err
+		}
+		cands = append(cands, c)
+	}
+	if err := errors.Join(rows.Err(), rows.Close()); err != nil {
+		return 0, false, err
+	}
+	for _, c := range cands {
+		res, err := s.db.ExecContext(ctx, sweepDeleteMySQL, c.key, c.ticket, us)
+		if err != nil {
+			return deleted, false, err
+		}
+		n, _ := res.RowsAffected()
+		deleted += int(n)
+	}
+	return deleted, len(cands) >= limit, nil
+}

@@ -1,0 +1,188 @@
+package fairqueue
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/sqllock/sqllock"
+	"github.com/sqllock/sqllock/internal/lease"
+	"github.com/sqllock/sqllock/internal/rowlease"
+	"github.com/sqllock/sqllock/internal/wait"
+)
+
+// Lease is a held fairqueue lock (or semaphore permit): a live ticket among the
+// lowest of its name. Its methods are safe for concurrent use.
+type Lease struct {
+	*ticket
+	done     chan struct{} // closed when this hold was released or the ticket ended
+	mu       sync.Mutex
+	released bool
+}
+
+// ticket is one drawn ticket, shared by the reentrant holds of one owner key.
+type ticket struct {
+	l          *Locker
+	name       string
+	key, owner []byte
+	number     int64
+	ttl        time.Duration
+	core       *lease.Lease
+	ownerKey   string // set under Locker.mu for a reentrant lease
+
+	mu    sync.Mutex
+	holds map[*Lease]bool // holds not yet released
+	ended bool
+}
+
+func (l *Locker) newLease(name string, key, owner []byte, number int64, tm lease.Timing, granted time.Time) *Lease {
+	t := &ticket{l: l, name: name, key: key, owner: owner, number: number, ttl: tm.TTL, holds: map[*Lease]bool{}}
+	first := &Lease{ticket: t, done: make(chan struct{})}
+	t.holds[first] = true
+	t.core = lease.Prepare(keeper{t}, lease.Params{
+		Timing:  tm,
+		Granted: granted,
+		Label:   lease.Label{Strategy: "fairqueue", Dialect: l.b.Dialect, Name: name},
+		Log:     l.b.Cfg.Logger,
+		Now:     l.b.Now,
+		OnEnd: func() {
+			l.disown(t)
+			t.mu.Lock()
+			t.ended = true
+			for h := range t.holds {
+				h.end()
+			}
+			t.mu.Unlock()
+			// The successor in this process need not wait for the NOTIFY (or, on MySQL,
+			// its poll).
+			l.b.Hub.Publish(wait.Topic(key, strconv.FormatInt(number, 10)))
+		},
+	})
+	t.core.Run()
+	return first
+}
+
+// end closes the hold's Done channel, once.
+func (le *Lease) end() {
+	le.mu.Lock()
+	defer le.mu.Unlock()
+	select {
+	case <-le.done:
+	default:
+		close(le.done)
+	}
+}
+
+// Name returns the lock name.
+func (le *Lease) Name() string { return le.name }
+
+// Token returns the fencing token: the lease's ticket. Tickets of a name are drawn
+// in increasing order and granted in that order, so tokens strictly increase with
+// every grant, across restarts (the dispenser is a row that is never deleted).
+// Reentrant holds share the ticket of the hold they join.
+func (le *Lease) Token() int64 { return le.number }
+
+// Ticket returns the lease's ticket (its token), for operators and tests.
+func (le *Lease) Ticket() int64 { return le.number }
+
+// Done is closed when the lease is released or lost. A passed local deadline closes
+// it at once, whoever looks first.
+func (le *Lease) Done() <-chan struct{} {
+	le.core.Done() // looks at the deadline
+	return le.done
+}
+
+// Err is nil while held, then matches sqllock.ErrLost or sqllock.ErrNotHeld.
+func (le *Lease) Err() error {
+	le.mu.Lock()
+	released := le.released
+	le.mu.Unlock()
+	err := le.core.Err()
+	if released && err == nil {
+		return le.core.Label().Err("release", sqllock.ErrNotHeld, nil)
+	}
+	return err
+}
+
+// Refresh renews the ticket now. It returns an error matching sqllock.ErrLost if the
+// ticket died (the lease then ends), sqllock.ErrNotHeld after Release, and a
+// *sqllock.Error carrying the database error if it could not tell.
+func (le *Lease) Refresh(ctx context.Context) error { return le.core.Refresh(ctx) }
+
+// Check verifies, inside the caller's transaction tx, that the lease's ticket is
+// still live (unexpired by the database clock), and share-locks it until tx ends: no
+// successor is granted before tx commits (a successor first deletes the dead tickets
+// ahead of it, which waits for this lock). Run it as the last statement of tx, right
+// before COMMIT. Without sending SQL, it returns an error matching sqllock.ErrLost if
+// the lease was lost or passed its local deadline (sqllock.ErrNotHeld after
+// Release); after the statement, ErrLost if the ticket is dead.
+func (le *Lease) Check(ctx context.Context, tx *sql.Tx) error {
+	if err := le.Err(); err != nil {
+		return err
+	}
+	return rowlease.Check(ctx, le.core, tx, le.l.b.Pick(checkPostgres, checkMySQL), le.key, le.number, le.owner)
+}
+
+// Release gives the lock up (one hold of a re-entered lock; the last deletes the
+// ticket, which lets the successor in). It returns an error matching sqllock.ErrLost
+// if the lease had been lost, and nil when called again. It deletes the ticket even
+// if ctx has already ended (bounded by its own short timeout).
+func (le *Lease) Release(ctx context.Context) error {
+	le.mu.Lock()
+	if le.released {
+		le.mu.Unlock()
+		return nil
+	}
+	le.released = true
+	le.mu.Unlock()
+	t := le.ticket
+	t.mu.Lock()
+	delete(t.holds, le)
+	last := len(t.holds) == 0
+	t.mu.Unlock()
+	if !last {
+		le.end()
+		if err := t.core.Err(); errors.Is(err, sqllock.ErrLost) {
+			return err
+		}
+		return nil
+	}
+	t.l.disown(t)
+	err := t.core.Release(ctx)
+	le.end()
+	return err
+}
+
+// addHold re-enters the ticket (the caller holds Locker.mu), or returns nil if its
+// last hold was released meanwhile.
+func (t *ticket) addHold() *Lease {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if len(t.holds) == 0 || t.ended {
+		return nil
+	}
+	le := &Lease{ticket: t, done: make(chan struct{})}
+	t.holds[le] = true
+	return le
+}
+
+// keeper is the ticket's side of the lease core.
+type keeper struct{ le *ticket }
+
+func (k keeper) KeepAlive(ctx context.Context) (time.Duration, error) {
+	t, b := k.le, k.le.l.b
+	us := t.ttl.Microseconds()
+	if b.Dialect == sqllock.Postgres {
+		return rowlease.Renewed(b.Changed(ctx, nil, renewPostgres, t.key, t.number, t.owner, us))
+	}
+	return rowlease.Renewed(b.Changed(ctx, nil, renewMySQL, us, t.key, t.number, t.owner))
+}
+
+func (k keeper) GiveBack(ctx context.Context, lost bool) error {
+	t, b := k.le, k.le.l.b
+	n, err := b.Changed(ctx, nil, b.Pick(releasePostgres, releaseMySQL), t.key, t.number, t.owner)
+	return rowlease.Released(n, err, lost, "the ticket")
+}

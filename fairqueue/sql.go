@@ -1,0 +1,126 @@
+package fairqueue
+
+// The SQL of both dialects. Every time is the database's: clock_timestamp() on
+// PostgreSQL, UTC_TIMESTAMP(6) on MySQL (constant within a statement).
+
+// channel is the PostgreSQL NOTIFY channel; the payload is hex(key) + ":" + the
+// released ticket, the event its successor waits for.
+const channel = "sqllock_fairqueue"
+
+const (
+	// enqueuePostgres draws the next ticket of the name and inserts it, in one
+	// statement, so in one transaction: the dispenser row stays locked until the
+	// ticket commits, and the next enqueue of the name waits for that commit. So the
+	// order of tickets is the order in which they became visible, and a waiter can
+	// never find a lower ticket appear after it looked.
+	//
+	// $1 key, $2 name, $3 owner, $4 TTL µs, $5 host, $6 pid.
+	enqueuePostgres = `WITH q AS (
+  INSERT INTO sqllock_queue AS q (lock_key, name, next_ticket) VALUES ($1, $2, 2)
+  ON CONFLICT (lock_key) DO UPDATE SET next_ticket = q.next_ticket + 1
+  RETURNING next_ticket - 1 AS ticket
+)
+INSERT INTO sqllock_ticket (lock_key, ticket, owner, created_at, expires_at, host, pid)
+SELECT $1, q.ticket, $3, n.t, n.t + $4::bigint * interval '1 microsecond', $5, $6
+FROM q, (SELECT clock_timestamp() AS t) n
+RETURNING ticket`
+
+	// MySQL has no statement that writes two tables, so a ticket is drawn in two:
+	// enqueueMySQL inserts the ticket numbered by the dispenser (read under a shared
+	// lock held until the statement commits; its number is the statement's insert
+	// id), then bumpMySQL moves the dispenser past it. A ticket is inserted only
+	// with the dispenser's current number, which moves on only once that ticket is
+	// committed: tickets become visible in their order. An enqueue that meets a
+	// ticket of the current number (a concurrent one between its two statements, or
+	// one whose owner died there) gets a duplicate key, moves the dispenser past it
+	// (bumpMySQL) and tries again; so no number is granted twice.
+	//
+	// ? key, owner, TTL µs, host, pid, key.
+	enqueueMySQL = `INSERT INTO sqllock_ticket (lock_key, ticket, owner, created_at, expires_at, host, pid)
+SELECT ?, LAST_INSERT_ID(q.next_ticket), ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, ?, ?
+FROM sqllock_queue q WHERE q.lock_key = ? LOCK IN SHARE MODE`
+	// ? ticket, key.
+	bumpMySQL = `UPDATE sqllock_queue SET next_ticket = GREATEST(next_ticket, ? + 1) WHERE lock_key = ?`
+	// The statements of drawTx: lock the dispenser, read the highest ticket.
+	drawTxLockMySQL    = `SELECT next_ticket FROM sqllock_queue WHERE lock_key = ? FOR UPDATE`
+	drawTxHighestMySQL = `SELECT COALESCE(MAX(ticket), 0) FROM sqllock_ticket WHERE lock_key = ?`
+	// ? key, ticket, owner, TTL µs, host, pid.
+	drawTxTicketMySQL = `INSERT INTO sqllock_ticket (lock_key, ticket, owner, created_at, expires_at, host, pid)
+VALUES (?, ?, ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, ?, ?)`
+	// createMySQL makes the dispenser of a name on first use.
+	createMySQL = `INSERT INTO sqllock_queue (lock_key, name, next_ticket) VALUES (?, ?, 1)
+ON DUPLICATE KEY UPDATE lock_key = lock_key`
+
+	// predecessors returns the n nearest live tickets below $2 (ticket, remaining µs),
+	// a row (-1, number of live tickets below $2: the waiter's position), and, if any
+	// ticket below $2 is dead (expired), a marker row (0, -1).
+	predecessorsPostgres = `SELECT ticket, rem FROM (
+  SELECT ticket, floor(extract(epoch FROM (expires_at - clock_timestamp())) * 1000000)::bigint AS rem
+  FROM sqllock_ticket WHERE lock_key = $1 AND ticket < $2 AND expires_at > clock_timestamp()
+  ORDER BY ticket DESC LIMIT $3
+) live
+UNION ALL
+SELECT -1, count(*) FROM sqllock_ticket WHERE lock_key = $1 AND ticket < $2 AND expires_at > clock_timestamp()
+UNION ALL
+SELECT 0, -1 WHERE EXISTS (SELECT 1 FROM sqllock_ticket WHERE lock_key = $1 AND ticket < $2 AND expires_at <= clock_timestamp())`
+	// ? key, ticket, n, key, ticket, key, ticket.
+	predecessorsMySQL = `SELECT ticket, rem FROM (
+  SELECT ticket, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) AS rem
+  FROM sqllock_ticket WHERE lock_key = ? AND ticket < ? AND expires_at > UTC_TIMESTAMP(6)
+  ORDER BY ticket DESC LIMIT ?
+) live
+UNION ALL
+SELECT -1, COUNT(*) FROM sqllock_ticket WHERE lock_key = ? AND ticket < ? AND expires_at > UTC_TIMESTAMP(6)
+UNION ALL
+SELECT 0, -1 FROM DUAL WHERE EXISTS (SELECT 1 FROM sqllock_ticket WHERE lock_key = ? AND ticket < ? AND expires_at <= UTC_TIMESTAMP(6))`
+
+	// dropDead deletes the dead tickets below a waiter's before it takes the lock:
+	// the delete waits for a Check share lock a dead holder's transaction may still
+	// have on its row, so that no write fenced by that Check commits once the next
+	// holder is in.
+	dropDeadPostgres = `DELETE FROM sqllock_ticket WHERE lock_key = $1 AND ticket < $2 AND expires_at <= clock_timestamp()`
+	dropDeadMySQL    = `DELETE FROM sqllock_ticket WHERE lock_key = ? AND ticket < ? AND expires_at <= UTC_TIMESTAMP(6)`
+
+	// renew extends a live ticket (expiry is final: a dead ticket is never revived).
+	renewPostgres = `UPDATE sqllock_ticket SET expires_at = GREATEST(expires_at, clock_timestamp() + $4::bigint * interval '1 microsecond')
+WHERE lock_key = $1 AND ticket = $2 AND owner = $3 AND expires_at > clock_timestamp()`
+	renewMySQL = `UPDATE sqllock_ticket SET expires_at = GREATEST(expires_at + INTERVAL 1 MICROSECOND, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)
+WHERE lock_key = ? AND ticket = ? AND owner = ? AND expires_at > UTC_TIMESTAMP(6)`
+
+	// release deletes the ticket; on PostgreSQL it notifies its successor in the same
+	// statement.
+	releasePostgres = `WITH d AS (DELETE FROM sqllock_ticket WHERE lock_key = $1 AND ticket = $2 AND owner = $3 RETURNING lock_key, ticket)
+SELECT count(*) FROM (SELECT pg_notify('` + channel + `', encode(lock_key, 'hex') || ':' || ticket::text) FROM d) n`
+	releaseMySQL = `DELETE FROM sqllock_ticket WHERE lock_key = ? AND ticket = ? AND owner = ?`
+
+	// forget deletes the tickets of an acquisition whose enqueue outcome the caller
+	// never learnt and that it gave up (owners are unique per acquisition).
+	forgetPostgres = `WITH d AS (DELETE FROM sqllock_ticket WHERE lock_key = $1 AND owner = $2 RETURNING lock_key, ticket)
+SELECT count(*) FROM (SELECT pg_notify('` + channel + `', encode(lock_key, 'hex') || ':' || ticket::text) FROM d) n`
+	forgetMySQL = `DELETE FROM sqllock_ticket WHERE lock_key = ? AND owner = ?`
+
+	// check is the fencing check, run as the last statement of the caller's
+	// transaction: the ticket is still the lease's and live, and a share lock keeps
+	// it (no successor can drop it) until the transaction ends.
+	checkPostgres = `SELECT 1 FROM sqllock_ticket WHERE lock_key = $1 AND ticket = $2 AND owner = $3 AND expires_at > clock_timestamp() FOR SHARE`
+	checkMySQL    = `SELECT 1 FROM sqllock_ticket WHERE lock_key = ? AND ticket = ? AND owner = ? AND expires_at > UTC_TIMESTAMP(6) LOCK IN SHARE MODE`
+
+	// sweepPostgres deletes at most $2 tickets dead for more than $1 µs, locked FOR
+	// UPDATE SKIP LOCKED (a ticket share-locked by a Check, or being renewed, is
+	// skipped, never waited for). It returns candidates and deleted rows.
+	sweepPostgres = `WITH c AS MATERIALIZED (
+  SELECT lock_key, ticket FROM sqllock_ticket WHERE expires_at < clock_timestamp() - $1::bigint * interval '1 microsecond'
+  ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED
+), d AS (
+  DELETE FROM sqllock_ticket t USING c
+  WHERE t.lock_key = c.lock_key AND t.ticket = c.ticket
+    AND t.expires_at < clock_timestamp() - $1::bigint * interval '1 microsecond'
+  RETURNING 1
+)
+SELECT (SELECT count(*) FROM c), (SELECT count(*) FROM d)`
+	// MySQL: candidates by a plain read, then deleted one by one by primary key,
+	// re-checked (see uniqueindex's sweep for why no range is locked).
+	sweepSelectMySQL = `SELECT lock_key, ticket FROM sqllock_ticket WHERE expires_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND
+ORDER BY expires_at LIMIT ?`
+	sweepDeleteMySQL = `DELETE FROM sqllock_ticket WHERE lock_key = ? AND ticket = ? AND expires_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND`
+)

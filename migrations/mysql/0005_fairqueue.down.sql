@@ -1,0 +1,2 @@
+DROP TABLE IF EXISTS sqllock_ticket;
+DROP TABLE IF EXISTS sqllock_queue;
