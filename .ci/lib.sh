@@ -14,6 +14,12 @@ SQLLOCK_CI_SOCK=$SQLLOCK_CI_RUN/docker.sock
 SQLLOCK_CI_STATE=$SQLLOCK_CI_RUN/engine.env
 SQLLOCK_CI_ENGINE=$SQLLOCK_CI_CACHE/engine
 
+# The server matrix of .ci/run: pairs PG+MYSQL of image tags (short for
+# sqllock-ci/TAG), one `go test ./...` run per pair, so that every server runs
+# every package. Override to run a subset, e.g. SQLLOCK_CI_MATRIX=postgres:18+mysql:9.7.
+SQLLOCK_CI_MATRIX=${SQLLOCK_CI_MATRIX:-postgres:15+mariadb:10.11 postgres:17+mariadb:11.8 postgres:18+mysql:9.7}
+
+# The pair .ci/dev-shell.sh gives the tests (full image references).
 SQLLOCK_CI_PG_IMAGE=${SQLLOCK_CI_PG_IMAGE:-sqllock-ci/postgres:15}
 SQLLOCK_CI_MYSQL_IMAGE=${SQLLOCK_CI_MYSQL_IMAGE:-sqllock-ci/mariadb:10.11}
 
@@ -89,8 +95,21 @@ ci_debian_uri() {
 	} | head -n 1
 }
 
-# ci_hash DIR: short content hash of the files under DIR (their paths included).
-ci_hash() {
-	(cd "$1" && find . -type f ! -name '*~' ! -name '.*.swp' -print0 | LC_ALL=C sort -z | xargs -0 sha256sum) |
-		sha256sum | cut -c1-16
+# ci_image_ref REF: REF with the sqllock-ci/ repository added when it has none
+# (postgres:17 -> sqllock-ci/postgres:17).
+ci_image_ref() {
+	case $1 in
+	*/*) printf '%s\n' "$1" ;;
+	*) printf 'sqllock-ci/%s\n' "$1" ;;
+	esac
+}
+
+# ci_pair_split PAIR: print the two full image references of PG+MYSQL, one a line.
+ci_pair_split() {
+	case $1 in
+	?*+?*) ;;
+	*) ci_die "bad server pair '$1': want PG+MYSQL, e.g. postgres:17+mariadb:11.8" ;;
+	esac
+	ci_image_ref "${1%%+*}"
+	ci_image_ref "${1#*+}"
 }

@@ -1,9 +1,10 @@
 #!/bin/bash
-# Entrypoint of sqllock-ci/mariadb:10.11 (Debian's mariadb-server), a stand-in
-# for the official mysql/mariadb images: same environment variables
-# (MYSQL_ROOT_PASSWORD, MYSQL_ALLOW_EMPTY_PASSWORD, MYSQL_RANDOM_ROOT_PASSWORD,
-# MYSQL_ROOT_HOST, MYSQL_DATABASE, MYSQL_USER, MYSQL_PASSWORD, and their MARIADB_*
-# twins, which win), same first-start sequence (mariadb-install-db, temporary
+# Entrypoint of the sqllock-ci/mariadb:N images (Debian's mariadb-server of the
+# image's suite: 10.11 bookworm, 11.8 trixie), a stand-in for the official
+# mysql/mariadb images: same environment variables (MYSQL_ROOT_PASSWORD,
+# MYSQL_ALLOW_EMPTY_PASSWORD, MYSQL_RANDOM_ROOT_PASSWORD, MYSQL_ROOT_HOST,
+# MYSQL_DATABASE, MYSQL_USER, MYSQL_PASSWORD, and their MARIADB_* twins, which
+# win), same first-start sequence (mariadb-install-db, temporary
 # server on the Unix socket only, users and database, /docker-entrypoint-initdb.d,
 # stop). A data directory that is already initialised is used as it is.
 # Arguments: `mariadbd|mysqld [options]` or `--option ...` go to the server;

@@ -1,7 +1,9 @@
 #!/bin/sh
-# Runs in the image's chroot after the packages are installed.
+# Runs in the image's chroot after the packages are installed; VERSION is the
+# MariaDB major.minor version (from the image's .conf).
 set -eu
-mariadbd --version | grep -q ' 10\.11\.'
+: "${VERSION:?}"
+mariadbd --version | grep -qF " $VERSION."
 # The package's postinst initialised a data directory: the entrypoint does
 # that on first start, with the requested users and passwords.
 rm -rf /var/lib/mysql

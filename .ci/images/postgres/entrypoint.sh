@@ -1,8 +1,9 @@
 #!/bin/bash
-# Entrypoint of sqllock-ci/postgres:15 (Debian's postgresql-15), a stand-in for
-# the official postgres image: same environment variables (POSTGRES_USER,
-# POSTGRES_PASSWORD, POSTGRES_DB, POSTGRES_INITDB_ARGS, POSTGRES_HOST_AUTH_METHOD),
-# same first-start sequence (initdb, temporary socket-only server, create the
+# Entrypoint of the sqllock-ci/postgres:N images (Debian's postgresql-N; the
+# image's PATH selects the version), a stand-in for the official postgres
+# image: same environment variables (POSTGRES_USER, POSTGRES_PASSWORD,
+# POSTGRES_DB, POSTGRES_INITDB_ARGS, POSTGRES_HOST_AUTH_METHOD), same
+# first-start sequence (initdb, temporary socket-only server, create the
 # database, /docker-entrypoint-initdb.d, stop), so the log shows "database
 # system is ready to accept connections" twice on a first start and once on a
 # restart of an initialised data directory. Arguments: `postgres -c k=v ...`
@@ -81,8 +82,10 @@ if [ ! -s "$PGDATA/PG_VERSION" ]; then
 		--encoding=UTF8 ${POSTGRES_INITDB_ARGS:-}
 	{
 		echo
-		echo "# sqllock-ci"
+		echo "# sqllock-ci. fsync = off: test data need not survive a host crash"
+		echo "# (the testcontainers postgres module also passes -c fsync=off)."
 		echo "listen_addresses = '*'"
+		echo "fsync = off"
 		echo "max_connections = 500"
 		echo "shared_preload_libraries = 'pg_stat_statements'"
 	} >>"$PGDATA/postgresql.conf"

@@ -1,0 +1,28 @@
+package fairqueue
+
+import (
+	"testing"
+
+	"github.com/sqllock/sqllock/testdb"
+)
+
+// TestMySQLStatementsDrawNoWarnings: the server accepts every MySQL statement of
+// the package without a warning (no deprecated syntax such as VALUES(col)).
+func TestMySQLStatementsDrawNoWarnings(t *testing.T) {
+	testdb.CheckMySQLStatements(t, map[string]string{
+		"enqueueMySQL":       enqueueMySQL,
+		"bumpMySQL":          bumpMySQL,
+		"drawTxLockMySQL":    drawTxLockMySQL,
+		"drawTxHighestMySQL": drawTxHighestMySQL,
+		"drawTxTicketMySQL":  drawTxTicketMySQL,
+		"createMySQL":        createMySQL,
+		"predecessorsMySQL":  predecessorsMySQL,
+		"dropDeadMySQL":      dropDeadMySQL,
+		"renewMySQL":         renewMySQL,
+		"releaseMySQL":       releaseMySQL,
+		"forgetMySQL":        forgetMySQL,
+		"checkMySQL":         checkMySQL,
+		"sweepSelectMySQL":   sweepSelectMySQL,
+		"sweepDeleteMySQL":   sweepDeleteMySQL,
+	})
+}
