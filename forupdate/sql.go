@@ -34,14 +34,14 @@ const (
 	// pgLockTimeoutFmt is pgLock with a lock_timeout of $2 set for the rest of the
 	// transaction before the wait starts: set_config in the row filter is volatile,
 	// so it runs for the matching row, before the row is locked. pgBumpReset puts the
-	// session's value back.
+	// session's value back (set_config with a NULL value is a RESET; a lookup in
+	// pg_settings costs half a millisecond).
 	pgLockTimeoutFmt = `SELECT %[1]s FROM sqllock_rowlock WHERE lock_key = $1
 AND set_config('lock_timeout', $2, true) IS NOT NULL FOR UPDATE`
 	// pgLockTimeoutResetFmt is pgLockTimeout for leases without a token: the outer
 	// target list runs on the rows that come out of the locking subquery, so once the
 	// row lock is held, and puts the session's lock_timeout back in the same statement.
-	pgLockTimeoutResetFmt = `SELECT %[1]s, set_config('lock_timeout',
-(SELECT reset_val FROM pg_settings WHERE name = 'lock_timeout'), true)
+	pgLockTimeoutResetFmt = `SELECT %[1]s, set_config('lock_timeout', NULL, true)
 FROM (SELECT 1 FROM sqllock_rowlock WHERE lock_key = $1
 AND set_config('lock_timeout', $2, true) IS NOT NULL FOR UPDATE) l`
 	pgTryFmt = `SELECT %[1]s FROM sqllock_rowlock WHERE lock_key = $1 FOR UPDATE NOWAIT`
@@ -52,7 +52,7 @@ ORDER BY array_position($1, lock_key) LIMIT 1 FOR UPDATE SKIP LOCKED`
 acquired_at = clock_timestamp() WHERE lock_key = $1 RETURNING token`
 	pgBumpReset = `UPDATE sqllock_rowlock SET token = nextval('sqllock_rowlock_token_seq'),
 acquired_at = clock_timestamp() WHERE lock_key = $1
-AND set_config('lock_timeout', (SELECT reset_val FROM pg_settings WHERE name = 'lock_timeout'), true) IS NOT NULL
+AND set_config('lock_timeout', NULL, true) IS NOT NULL
 RETURNING token`
 	pgExisting = `SELECT lock_key FROM sqllock_rowlock WHERE lock_key = ANY($1)`
 	pgCreate   = `INSERT INTO sqllock_rowlock (lock_key, name, token)
