@@ -1,5 +1,7 @@
 package fairqueue
 
+import "github.com/sqllock/sqllock/internal/rowlease"
+
 // The SQL of both dialects. Every time is the database's: clock_timestamp() on
 // PostgreSQL, UTC_TIMESTAMP(6) on MySQL (constant within a statement).
 
@@ -89,7 +91,8 @@ WHERE lock_key = ? AND ticket = ? AND owner = ? AND expires_at > UTC_TIMESTAMP(6
 
 	// release deletes the ticket; on PostgreSQL it notifies its successor in the same
 	// statement.
-	releasePostgres = `WITH d AS (DELETE FROM sqllock_ticket WHERE lock_key = $1 AND ticket = $2 AND owner = $3 RETURNING lock_key, ticket)
+	releasePostgres = `WITH d AS (DELETE FROM sqllock_ticket WHERE lock_key = $1 AND ticket = $2 AND owner = $3
+  AND ` + rowlease.AsyncRelease + ` RETURNING lock_key, ticket)
 SELECT count(*) FROM (SELECT pg_notify('` + channel + `', encode(lock_key, 'hex') || ':' || ticket::text) FROM d) n`
 	releaseMySQL = `DELETE FROM sqllock_ticket WHERE lock_key = ? AND ticket = ? AND owner = ?`
 

@@ -1,5 +1,7 @@
 package optimistic
 
+import "github.com/sqllock/sqllock/internal/rowlease"
+
 // The SQL of both dialects. Every time is the database's: clock_timestamp() on
 // PostgreSQL, UTC_TIMESTAMP(6) on MySQL (constant within a statement). The client
 // sends only durations, in microseconds.
@@ -72,7 +74,7 @@ WHERE lock_key = ? AND version = ? AND owner = ? AND expires_at > UTC_TIMESTAMP(
   UPDATE sqllock_optimistic SET holds = GREATEST(holds - 1, 0),
     owner = CASE WHEN holds <= 1 THEN ''::bytea ELSE owner END,
     expires_at = CASE WHEN holds <= 1 THEN clock_timestamp() ELSE expires_at END
-  WHERE lock_key = $1 AND version = $2 AND owner = $3
+  WHERE lock_key = $1 AND version = $2 AND owner = $3 AND ` + rowlease.AsyncRelease + `
   RETURNING lock_key, holds
 )
 SELECT count(*), COALESCE(min(holds), 0),

@@ -11,6 +11,7 @@ import (
 	_ "github.com/go-sql-driver/mysql" // "mysql" driver for the readiness check
 	_ "github.com/jackc/pgx/v5/stdlib" // "pgx" driver for the readiness check
 	"github.com/moby/moby/api/types/network"
+	"github.com/moby/moby/client"
 	"github.com/testcontainers/testcontainers-go"
 	tcmysql "github.com/testcontainers/testcontainers-go/modules/mysql"
 	tcpostgres "github.com/testcontainers/testcontainers-go/modules/postgres"
@@ -41,7 +42,7 @@ const (
 // restart finds both in the old log), the port listening, and a "SELECT 1" through
 // the mapped port; the last also holds after a restart, since the container's
 // wait strategy runs again on every start.
-func startPostgres(ctx context.Context, image string) (dsn string, restart func(context.Context) (string, error), stop func(context.Context) error, err error) {
+func startPostgres(ctx context.Context, image string) (dsn string, restart func(ctx context.Context, kill bool) (string, error), stop func(context.Context) error, err error) {
 	pgDSN := func(host, port string) string {
 		u := url.URL{
 			Scheme:   "postgres",
@@ -96,7 +97,7 @@ func startPostgres(ctx context.Context, image string) (dsn string, restart func(
 // "SELECT 1" through the mapped port. All these images initialise with a server
 // on the Unix socket only, so the check cannot succeed before the real server
 // runs. MySQL 9's caching_sha2_password works over TCP without DSN changes.
-func startMySQL(ctx context.Context, image string) (dsn string, restart func(context.Context) (string, error), stop func(context.Context) error, err error) {
+func startMySQL(ctx context.Context, image string) (dsn string, restart func(ctx context.Context, kill bool) (string, error), stop func(context.Context) error, err error) {
 	myDSN := func(host, port string) string {
 		return fmt.Sprintf("root:%s@tcp(%s)/%s", containerPassword, net.JoinHostPort(host, port), containerDatabase)
 	}
@@ -144,15 +145,31 @@ func endpoint(ctx context.Context, ctr testcontainers.Container, port string) (s
 // finish builds the results shared by both start functions.
 func finish(ctx context.Context, kind, image string, ctr testcontainers.Container,
 	current func(context.Context) (string, error),
-) (string, func(context.Context) (string, error), func(context.Context) error, error) {
+) (string, func(context.Context, bool) (string, error), func(context.Context) error, error) {
 	dsn, err := current(ctx)
 	if err != nil {
 		return "", nil, nil, errors.Join(fmt.Errorf("%s container from %s: %w", kind, image, err), terminate(ctr))
 	}
-	restart := func(ctx context.Context) (string, error) {
-		timeout := stopTimeout
-		if err := ctr.Stop(ctx, &timeout); err != nil {
-			return "", fmt.Errorf("restart %s container: stop: %w", kind, err)
+	restart := func(ctx context.Context, kill bool) (string, error) {
+		if kill {
+			// SIGKILL to the container at once, no stop signal first: a crash.
+			cli, err := testcontainers.NewDockerClientWithOpts(ctx)
+			if err != nil {
+				return "", fmt.Errorf("crash %s container: %w", kind, err)
+			}
+			_, err = cli.ContainerKill(ctx, ctr.GetContainerID(), client.ContainerKillOptions{Signal: "KILL"})
+			cli.Close()
+			if err != nil {
+				return "", fmt.Errorf("crash %s container: kill: %w", kind, err)
+			}
+			if err := waitExited(ctx, ctr); err != nil {
+				return "", fmt.Errorf("crash %s container: %w", kind, err)
+			}
+		} else {
+			timeout := stopTimeout
+			if err := ctr.Stop(ctx, &timeout); err != nil {
+				return "", fmt.Errorf("restart %s container: stop: %w", kind, err)
+			}
 		}
 		// Start runs the wait strategy again: the server answers SQL on return.
 		if err := ctr.Start(ctx); err != nil {
@@ -187,4 +204,22 @@ func terminate(ctr testcontainers.Container) error {
 		return fmt.Errorf("terminate: %w", err)
 	}
 	return nil
+}
+
+// waitExited waits until the container's state says it is no longer running.
+func waitExited(ctx context.Context, ctr testcontainers.Container) error {
+	for {
+		st, err := ctr.State(ctx)
+		if err != nil {
+			return err
+		}
+		if !st.Running {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }

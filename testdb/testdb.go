@@ -58,7 +58,7 @@ type server struct {
 	err     error
 	managed bool   // started here (a container)
 	source  string // where the server comes from, for the log: "container IMAGE" or the DSN variable
-	restart func(context.Context) (string, error)
+	restart func(ctx context.Context, kill bool) (string, error)
 	stop    func(context.Context) error
 	migrate sync.Once
 	migErr  error
@@ -208,7 +208,13 @@ func CanRestart(t testing.TB, d sqllock.Dialect) bool {
 // reconnect to it (through the DSN returned by later calls of DSN and Open, if the
 // mapped port changed). It fails the test when the server is not a container of this
 // package: check CanRestart first.
-func Restart(t testing.TB, d sqllock.Dialect) {
+func Restart(t testing.TB, d sqllock.Dialect) { t.Helper(); restart(t, d, false) }
+
+// Crash kills the server of d at once (the engine's SIGKILL, no shutdown: what
+// was not flushed to disk is lost) and starts it again, as Restart does.
+func Crash(t testing.TB, d sqllock.Dialect) { t.Helper(); restart(t, d, true) }
+
+func restart(t testing.TB, d sqllock.Dialect, kill bool) {
 	t.Helper()
 	s := get(t, d)
 	if !s.managed {
@@ -216,7 +222,7 @@ func Restart(t testing.TB, d sqllock.Dialect) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	dsn, err := s.restart(ctx)
+	dsn, err := s.restart(ctx, kill)
 	if err != nil {
 		t.Fatalf("testdb: restart %v: %v", d, err)
 	}

@@ -1,5 +1,7 @@
 package uniqueindex
 
+import "github.com/sqllock/sqllock/internal/rowlease"
+
 // SQL of both dialects. Every time is the database's: clock_timestamp() on PostgreSQL
 // (not now(), which is the start of the transaction), UTC_TIMESTAMP(6) on MySQL. The
 // client only sends durations in microseconds.
@@ -100,7 +102,8 @@ WHERE lock_key = ? AND owner = ? AND token = ? AND expires_at > UTC_TIMESTAMP(6)
 
 	// release deletes the row of the last hold; on PostgreSQL it notifies waiters in
 	// the same statement (delivered at commit).
-	releasePostgres = `WITH d AS (DELETE FROM sqllock_lease WHERE lock_key = $1 AND owner = $2 AND token = $3 AND holds <= 1 RETURNING lock_key)
+	releasePostgres = `WITH d AS (DELETE FROM sqllock_lease WHERE lock_key = $1 AND owner = $2 AND token = $3 AND holds <= 1
+  AND ` + rowlease.AsyncRelease + ` RETURNING lock_key)
 SELECT count(*), string_agg(pg_notify('` + channel + `', encode(lock_key, 'hex'))::text, '') FROM d`
 	releaseMySQL = `DELETE FROM sqllock_lease WHERE lock_key = ? AND owner = ? AND token = ? AND holds <= 1`
 

@@ -29,6 +29,18 @@ const (
 	DefaultAttemptTimeout = 10 * time.Second
 )
 
+// AsyncRelease is a condition for the WHERE clause of a PostgreSQL release
+// statement: it makes the statement's own transaction commit without waiting for
+// its WAL to reach disk (synchronous_commit off, for this transaction only), which
+// saves a disk flush (about 150 µs here) on every release. It is safe for a release,
+// and only for a release: the row is free for everyone as soon as the statement
+// returns; a crash of the server before the WAL writer flushes it (within
+// 3 x wal_writer_delay) can only bring the row back as it was before the release,
+// held by a holder that is gone, until it expires (a TTL). Any acquisition that saw
+// the release commits synchronously, and WAL is flushed in order, so a durable
+// acquisition implies a durable release before it: the lock is never granted twice.
+const AsyncRelease = "set_config('synchronous_commit', 'off', true) IS NOT NULL"
+
 // Config is the configuration of a row strategy's Locker.
 type Config struct {
 	lease.Config
