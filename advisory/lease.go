@@ -263,10 +263,12 @@ func (s *session) GiveBack(ctx context.Context, lost bool) error {
 // in the same statement).
 func (s *session) unlock(ctx context.Context) (bool, error) {
 	if s.l.dialect == sqllock.Postgres {
-		var ok bool
-		var a, b string
-		err := s.conn.QueryRowContext(ctx, s.l.pgStmts(s.id).unlock, s.id.pgArgs()...).Scan(&ok, &a, &b)
-		return ok, err
+		res, err := s.conn.ExecContext(ctx, s.l.pgStmts(s.id).unlock, s.id.pgArgs()...)
+		if err != nil {
+			return false, err
+		}
+		n, err := res.RowsAffected()
+		return n == 1, err
 	}
 	var got sql.NullInt64
 	err := s.conn.QueryRowContext(ctx, "SELECT RELEASE_LOCK('"+s.id.myName+"')").Scan(&got)

@@ -44,8 +44,10 @@ func pgStatementsFor(ttl time.Duration) (t [2][2]pgStatements) {
 				// The lock function runs in a subquery, once, before the settings.
 				try: "SELECT l.got, pg_backend_pid(), CASE WHEN l.got THEN " + setIdle + " END, CASE WHEN l.got THEN " + setTCP +
 					" END FROM (SELECT pg_try_advisory_lock" + suffix + args + " AS got) l",
-				wait:    "SELECT pg_backend_pid(), " + set + " FROM pg_advisory_lock" + suffix + args,
-				unlock:  "SELECT pg_advisory_unlock" + suffix + args + ", " + reset,
+				wait: "SELECT pg_backend_pid(), " + set + " FROM pg_advisory_lock" + suffix + args,
+				// One row if the lock was held (the caller reads the row count: Exec
+				// starts no goroutine of database/sql's, unlike a query with a context).
+				unlock:  "SELECT 1 FROM (SELECT pg_advisory_unlock" + suffix + args + " AS ok, " + reset + ") s WHERE s.ok",
 				xact:    "SELECT 1 FROM pg_advisory_xact_lock" + suffix + args,
 				tryXact: "SELECT pg_try_advisory_xact_lock" + suffix + args,
 			}

@@ -93,7 +93,7 @@ WHERE lock_key = ? AND ticket = ? AND owner = ? AND expires_at > UTC_TIMESTAMP(6
 	// statement.
 	releasePostgres = `WITH d AS (DELETE FROM sqllock_ticket WHERE lock_key = $1 AND ticket = $2 AND owner = $3
   AND ` + rowlease.AsyncRelease + ` RETURNING lock_key, ticket)
-SELECT count(*) FROM (SELECT pg_notify('` + channel + `', encode(lock_key, 'hex') || ':' || ticket::text) FROM d) n`
+SELECT pg_notify('` + channel + `', encode(lock_key, 'hex') || ':' || ticket::text) FROM d`
 	releaseMySQL = `DELETE FROM sqllock_ticket WHERE lock_key = ? AND ticket = ? AND owner = ?`
 
 	// forget deletes the tickets of an acquisition whose enqueue outcome the caller

@@ -92,8 +92,18 @@ func (k keeper) GiveBack(ctx context.Context, lost bool) error {
 	var n, left int64
 	err := wait.Retry(ctx, func() error {
 		if le.l.b.Dialect == sqllock.Postgres {
-			var s sql.NullString
-			return le.l.b.Stmts.QueryRow(ctx, releasePostgres, le.key, le.version, le.owner).Scan(&n, &left, &s)
+			// An Exec: unlike a query with a context, it starts no goroutine of
+			// database/sql's. Rows: 0 not found, 1 holds left, 2 freed.
+			res, err := le.l.b.Stmts.Exec(ctx, releasePostgres, le.key, le.version, le.owner)
+			if err != nil {
+				return err
+			}
+			rows, err := res.RowsAffected()
+			n, left = min(rows, 1), 0
+			if rows == 1 {
+				left = 1
+			}
+			return err
 		}
 		res, err := le.l.b.Stmts.Exec(ctx, releaseMySQL, le.key, le.version, le.owner)
 		if err != nil {

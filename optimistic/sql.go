@@ -68,8 +68,9 @@ WHERE lock_key = ? AND version = ? AND owner = ? AND expires_at > UTC_TIMESTAMP(
 
 	// release gives one hold back; the last one frees the row (owner cleared,
 	// expires_at = now, the time it became free), and on PostgreSQL notifies the
-	// waiters in the same statement. It returns (PostgreSQL) or reports as the insert
-	// id (MySQL) the holds left.
+	// waiters in the same statement. On PostgreSQL it returns no row if the lease was
+	// not found, one if holds are left and two if the row was freed (the caller reads
+	// the row count of an Exec); on MySQL the insert id reports the holds left.
 	releasePostgres = `WITH u AS (
   UPDATE sqllock_optimistic SET holds = GREATEST(holds - 1, 0),
     owner = CASE WHEN holds <= 1 THEN ''::bytea ELSE owner END,
@@ -77,8 +78,8 @@ WHERE lock_key = ? AND version = ? AND owner = ? AND expires_at > UTC_TIMESTAMP(
   WHERE lock_key = $1 AND version = $2 AND owner = $3 AND ` + rowlease.AsyncRelease + `
   RETURNING lock_key, holds
 )
-SELECT count(*), COALESCE(min(holds), 0),
-  string_agg(CASE WHEN holds = 0 THEN pg_notify('` + channel + `', encode(lock_key, 'hex'))::text END, '') FROM u`
+SELECT CASE WHEN u.holds = 0 AND g = 1 THEN pg_notify('` + channel + `', encode(u.lock_key, 'hex')) END
+FROM u CROSS JOIN generate_series(1, CASE WHEN u.holds = 0 THEN 2 ELSE 1 END) g`
 	// MySQL runs the assignments left to right: owner and expires_at read the holds
 	// before the update, which comes last.
 	releaseMySQL = `UPDATE sqllock_optimistic SET

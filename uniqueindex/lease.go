@@ -150,13 +150,10 @@ func (le *Lease) delete(ctx context.Context) (int64, error) {
 		}
 		return n, nil
 	}
-	if pg {
-		var n int64
-		var s sql.NullString
-		err := le.l.b.DB.QueryRowContext(ctx, releasePostgres, le.key, le.owner, le.token).Scan(&n, &s)
-		return n, err
-	}
-	res, err := le.l.exec(ctx, releaseMySQL, le.key, le.owner, le.token)
+	// Exec, on both: the row count is the answer (on PostgreSQL the rows the
+	// notifying SELECT returns, one per deleted row), and unlike a query with a
+	// context, it starts no goroutine of database/sql's.
+	res, err := le.l.exec(ctx, le.l.b.Pick(releasePostgres, releaseMySQL), le.key, le.owner, le.token)
 	if err != nil {
 		return 0, err
 	}

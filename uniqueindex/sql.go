@@ -104,7 +104,7 @@ WHERE lock_key = ? AND owner = ? AND token = ? AND expires_at > UTC_TIMESTAMP(6)
 	// the same statement (delivered at commit).
 	releasePostgres = `WITH d AS (DELETE FROM sqllock_lease WHERE lock_key = $1 AND owner = $2 AND token = $3 AND holds <= 1
   AND ` + rowlease.AsyncRelease + ` RETURNING lock_key)
-SELECT count(*), string_agg(pg_notify('` + channel + `', encode(lock_key, 'hex'))::text, '') FROM d`
+SELECT pg_notify('` + channel + `', encode(lock_key, 'hex')) FROM d`
 	releaseMySQL = `DELETE FROM sqllock_lease WHERE lock_key = ? AND owner = ? AND token = ? AND holds <= 1`
 
 	// forget deletes the row of an acquisition whose outcome the caller never learnt

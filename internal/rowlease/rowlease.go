@@ -12,7 +12,6 @@ import (
 	"encoding/binary"
 	"fmt"
 	"os"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -159,14 +158,12 @@ func (b *Locker) Pick(pg, my string) string {
 
 // Changed runs a statement that changes at most one row of the lease, retrying
 // transient errors (onRetry, if set, is told of each), and returns the rows changed:
-// the affected rows, or, for a statement that returns a row (a PostgreSQL WITH ...
-// SELECT that also notifies waiters), its single column.
+// the affected rows, or, for a statement that returns rows (a PostgreSQL WITH ...
+// SELECT that also notifies waiters), how many it returned. It runs as an Exec: unlike
+// a query with a context, that starts no goroutine of database/sql's.
 func (b *Locker) Changed(ctx context.Context, onRetry func(error), query string, args ...any) (int64, error) {
 	var n int64
 	err := wait.Retry(ctx, func() error {
-		if strings.HasPrefix(query, "WITH ") {
-			return b.Stmts.QueryRow(ctx, query, args...).Scan(&n)
-		}
 		res, err := b.Stmts.Exec(ctx, query, args...)
 		if err != nil {
 			return err
