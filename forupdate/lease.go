@@ -300,11 +300,32 @@ var errCommitTimeout = errors.New("no reply before the context ended")
 // bounded runs end (the transaction's Commit or Rollback, which take no context) and
 // returns when it returns or when ctx ends. In the latter case the session is broken
 // from outside so that the server ends the transaction, and errCommitTimeout is
-// returned; end itself returns when the connection fails, and the connection is
-// discarded then, in the background: discarding it waits for end, and on MySQL,
-// whose socket cannot be closed from here, end is stuck until the server's kill
-// reaches the client or TCP gives up (hours, if the replies are lost in the network).
+// returned. With pgx the socket is closed too, so end returns at once, and it runs on
+// the caller's goroutine. On MySQL, whose socket cannot be closed from here, end runs
+// on a goroutine of its own, stuck until the server's kill reaches the client or TCP
+// gives up (hours, if the replies are lost in the network); the connection is
+// discarded when it returns.
 func (s *Lease) bounded(ctx context.Context, end func() error) error {
+	if s.target.pgc != nil {
+		// pgx: the socket can be closed from outside, so end runs here and a
+		// callback breaks the session if ctx ends first (no goroutine, no hand-off,
+		// unless it does).
+		broke := make(chan struct{})
+		stop := context.AfterFunc(ctx, func() {
+			s.breakSession()
+			close(broke)
+		})
+		err := end()
+		if stop() {
+			return err
+		}
+		<-broke
+		s.l.pins.Discard(s.conn)
+		if err == nil {
+			return nil // it ended in time after all: the session was broken after it
+		}
+		return fmt.Errorf("%w: %w", errCommitTimeout, ctx.Err())
+	}
 	res := make(chan error, 1)
 	go func() { res <- end() }()
 	select {
