@@ -68,9 +68,12 @@
 // keep-alive reports ErrLost within one interval (an early commit), and Release
 // checks that the transaction is still the lease's before COMMIT: if not, it rolls
 // back what it can and returns ErrLost. Do not run such statements inside a lock.
-// On PostgreSQL no statement ends the transaction but COMMIT or ROLLBACK (which
-// Lease.Tx's caller must not send); an error aborts it, and the lock is held until
-// Release or Rollback, which then reports the error.
+// On PostgreSQL DDL is transactional, but any error in the transaction (a failed
+// statement of yours, a deadlock) aborts it, and the abort releases its locks at
+// once, although the transaction block stays open until ROLLBACK: another client can
+// take the lock from then on. The keep-alive reports ErrLost within one interval,
+// and Release returns ErrLost (nothing was committed). Wrap a statement that may
+// fail in a SAVEPOINT if the lock must survive its failure.
 //
 // # Reads inside the transaction
 //

@@ -8,14 +8,14 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
-
 	"github.com/sqllock/sqllock"
 	"github.com/sqllock/sqllock/forupdate"
+	"github.com/sqllock/sqllock/internal/sqlerr"
 	"github.com/sqllock/sqllock/locktest"
 	"github.com/sqllock/sqllock/testdb"
 )
@@ -58,7 +58,8 @@ func TestFinding01aDDLInsideLock(t *testing.T) {
 	testdb.CheckLeaks(t)
 	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
 		if d == sqllock.Postgres {
-			t.Skip("PostgreSQL DDL is transactional: it does not end the lock transaction")
+			pgDDLKeepsLock(t)
+			return
 		}
 		db, admin := testdb.Open(t, d), testdb.Open(t, d)
 		ensureData(t, admin)
@@ -109,20 +110,69 @@ func TestFinding01aDDLInsideLock(t *testing.T) {
 	})
 }
 
-// isDeadlock reports whether err is MySQL's 1213 (ER_LOCK_DEADLOCK).
+// pgDDLKeepsLock is finding 1a's counterpart on PostgreSQL, whose DDL is
+// transactional: a DDL statement in the lock transaction leaves the lock held (the
+// lease is not lost over several keep-alives, another client is refused), and
+// Release commits the work done before and after it.
+func pgDDLKeepsLock(t *testing.T) {
+	d := sqllock.Postgres
+	db, admin := testdb.Open(t, d), testdb.Open(t, d)
+	ensureData(t, admin)
+	const keepalive = 200 * time.Millisecond
+	l := newLocker(t, db, d, forupdate.WithKeepalive(keepalive), forupdate.WithTTL(3*time.Second))
+	other := newLocker(t, testdb.Open(t, d), d)
+	name := testdb.Name(t)
+	ctx := testdb.Context(t, 30*time.Second)
+	lease, err := l.Lock(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := insertData(ctx, lease.Tx(), d, name, 1); err != nil {
+		t.Fatal(err)
+	}
+	table := fmt.Sprintf("%s_%d", scratchTable, os.Getpid())
+	if _, err := lease.Tx().ExecContext(ctx, "CREATE TABLE "+table+" (id int PRIMARY KEY)"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { admin.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+table) })
+	// A loss would show within a keep-alive or two: there is no event for "a
+	// keep-alive ran and found the lock held", so give it five.
+	select {
+	case <-lease.Done():
+		t.Fatalf("lease lost after a DDL statement in its transaction: %v", lease.Err())
+	case <-time.After(5 * keepalive):
+	}
+	if next, err := other.TryLock(ctx, name); err == nil {
+		next.Rollback(ctx)
+		t.Fatal("another client took the lock after a DDL statement in the lock transaction")
+	} else if !errors.Is(err, sqllock.ErrNotAcquired) {
+		t.Fatalf("TryLock by another client: %v", err)
+	}
+	if err := insertData(ctx, lease.Tx(), d, name+"/after", 2); err != nil {
+		t.Fatal(err)
+	}
+	if err := lease.Release(ctx); err != nil {
+		t.Fatalf("Release after a DDL statement = %v, want nil", err)
+	}
+	if v, w := readData(t, admin, d, name), readData(t, admin, d, name+"/after"); v != 1 || w != 2 {
+		t.Errorf("after Release the writes read %d and %d, want 1 and 2 (committed with the DDL)", v, w)
+	}
+}
+
+// isDeadlock reports whether err is a deadlock error (MySQL's 1213, PostgreSQL's
+// 40P01).
 func isDeadlock(err error) bool {
-	var my *mysql.MySQLError
-	return errors.As(err, &my) && my.Number == 1213
+	return sqlerr.Is(err, sqlerr.Deadlock)
 }
 
 // waitLockWait polls the server until the InnoDB transaction of session sid waits
 // for a lock, or fails the test. A statement result on res means it stopped waiting
 // (or never did).
-func waitLockWait(t *testing.T, admin *sql.DB, sid int64, res <-chan error) {
+func waitLockWait(t *testing.T, admin *sql.DB, d sqllock.Dialect, sid int64, res <-chan error) {
 	t.Helper()
 	ctx := testdb.Context(t, 30*time.Second)
 	for {
-		waiting, err := testdb.WaitsForLock(ctx, admin, sqllock.MySQL, sid)
+		waiting, err := testdb.WaitsForLock(ctx, admin, d, sid)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -133,11 +183,7 @@ func waitLockWait(t *testing.T, admin *sql.DB, sid int64, res <-chan error) {
 		case err := <-res:
 			t.Fatalf("the lease's UPDATE returned before it waited: %v", err)
 		case <-ctx.Done():
-			var command, state, info sql.NullString
-			admin.QueryRowContext(context.Background(),
-				"SELECT COMMAND, STATE, INFO FROM information_schema.PROCESSLIST WHERE ID = ?", sid).Scan(&command, &state, &info)
-			t.Fatalf("the lease's UPDATE never waited for the other transaction's row lock (session %d: %s, %s, %s)",
-				sid, command.String, state.String, info.String)
+			t.Fatalf("the lease's UPDATE never waited for the other transaction's row lock (session %d)", sid)
 		case <-time.After(5 * time.Millisecond): // polling the server: no signal to wait on
 		}
 	}
@@ -145,25 +191,26 @@ func waitLockWait(t *testing.T, admin *sql.DB, sid int64, res <-chan error) {
 
 // TestFinding01bDeadlockVictim: InnoDB rolls back the whole transaction of a
 // deadlock victim (1213), lock row included, and the session goes on in autocommit.
-// When the lease's transaction is the victim, another client can take the lock at
-// once; the lease's Release then reports ErrLost instead of committing nothing and
-// returning nil, and nothing the lease wrote before the rollback is committed.
+// PostgreSQL aborts the victim's transaction (40P01) and releases its locks at once,
+// although the transaction block stays open (25P02) until ROLLBACK. Either way,
+// when the lease's transaction is the victim another client can take the lock at
+// once; on PostgreSQL the keep-alive reports the loss within an interval; the
+// lease's Release reports ErrLost instead of committing nothing and returning nil,
+// and nothing the lease wrote before the rollback is committed.
 func TestFinding01bDeadlockVictim(t *testing.T) {
 	testdb.CheckLeaks(t)
 	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
-		if d == sqllock.Postgres {
-			t.Skip("PostgreSQL keeps a deadlock victim's transaction open (aborted, 25P02) with its locks until ROLLBACK")
-		}
 		db, admin := testdb.Open(t, d), testdb.Open(t, d)
 		ensureData(t, admin)
-		l := newLocker(t, db, d)
+		const keepalive = 200 * time.Millisecond
+		l := newLocker(t, db, d, forupdate.WithKeepalive(keepalive))
 		other := newLocker(t, testdb.Open(t, d), d)
 		ctx := testdb.Context(t, 60*time.Second)
-		upd := "UPDATE " + dataTable + " SET v = ? WHERE k = ?"
+		upd := testdb.Rebind(d, "UPDATE "+dataTable+" SET v = ? WHERE k = ?")
 		for attempt := 1; ; attempt++ {
 			name := testdb.Name(t, fmt.Sprint(attempt))
 			a, b := name+"/a", name+"/b"
-			if _, err := admin.ExecContext(ctx, "INSERT INTO "+dataTable+" (k, v) VALUES (?, 0), (?, 0)", a, b); err != nil {
+			if _, err := admin.ExecContext(ctx, testdb.Rebind(d, "INSERT INTO "+dataTable+" (k, v) VALUES (?, 0), (?, 0)"), a, b); err != nil {
 				t.Fatal(err)
 			}
 			lease, err := l.Lock(ctx, name)
@@ -188,7 +235,7 @@ func TestFinding01bDeadlockVictim(t *testing.T) {
 			for i := range args {
 				args[i] = fmt.Sprintf("%s/w/%d", name, i)
 			}
-			if _, err := otx.ExecContext(ctx, "INSERT INTO "+dataTable+" (k, v) VALUES "+vals, args...); err != nil {
+			if _, err := otx.ExecContext(ctx, testdb.Rebind(d, "INSERT INTO "+dataTable+" (k, v) VALUES "+vals), args...); err != nil {
 				t.Fatal(err)
 			}
 			if _, err := otx.ExecContext(ctx, upd, 2, b); err != nil {
@@ -199,7 +246,7 @@ func TestFinding01bDeadlockVictim(t *testing.T) {
 				_, err := lease.Tx().ExecContext(ctx, upd, 1, b) // waits for otx
 				res <- err
 			}()
-			waitLockWait(t, admin, lease.SessionID(), res)
+			waitLockWait(t, admin, d, lease.SessionID(), res)
 			_, oerr := otx.ExecContext(ctx, upd, 2, a) // closes the cycle
 			lerr := <-res
 			otx.Rollback()
@@ -217,6 +264,15 @@ func TestFinding01bDeadlockVictim(t *testing.T) {
 			t.Logf("attempt %d: the lease's transaction was the deadlock victim: %v", attempt, lerr)
 			if oerr != nil {
 				t.Errorf("the other transaction's UPDATE: %v", oerr)
+			}
+			if d == sqllock.Postgres {
+				// PostgreSQL released the aborted transaction's locks at the error;
+				// the keep-alive sees the abort.
+				select {
+				case <-lease.Done():
+				case <-time.After(keepalive + time.Second):
+					t.Errorf("Done not closed %v after the deadlock aborted the lock transaction", keepalive+time.Second)
+				}
 			}
 			// The fault is real: the victim's rollback freed the lock row.
 			next, err := other.TryLock(ctx, name)
@@ -453,5 +509,59 @@ func TestLocktestWithoutToken(t *testing.T) {
 			},
 			LatencyHold: 2*forupdate.DefaultKeepalive + time.Second,
 		})
+	})
+}
+
+// TestErrorInLockTransaction: a statement of the caller's that fails inside the lock
+// transaction. On PostgreSQL the error aborts the transaction and releases its locks
+// at once (another client gets the lock), so Release, called before any keep-alive
+// could notice, reports ErrLost rather than a bare COMMIT error. On MySQL the failed
+// statement leaves the transaction and its lock alone: another client is refused
+// and Release commits.
+func TestErrorInLockTransaction(t *testing.T) {
+	testdb.CheckLeaks(t)
+	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
+		admin := testdb.Open(t, d)
+		ensureData(t, admin)
+		l := newLocker(t, testdb.Open(t, d), d, forupdate.WithKeepalive(10*time.Second), forupdate.WithTTL(30*time.Second))
+		other := newLocker(t, testdb.Open(t, d), d)
+		name := testdb.Name(t)
+		ctx := testdb.Context(t, 30*time.Second)
+		lease, err := l.Lock(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := insertData(ctx, lease.Tx(), d, name, 1); err != nil {
+			t.Fatal(err)
+		}
+		if err := insertData(ctx, lease.Tx(), d, name, 2); err == nil { // a duplicate key
+			t.Fatal("a duplicate insert succeeded")
+		}
+		next, err := other.TryLock(ctx, name)
+		if d == sqllock.MySQL {
+			if err == nil {
+				next.Rollback(ctx)
+				t.Fatal("another client took the lock after a failed statement in the lock transaction")
+			}
+			if err := lease.Release(ctx); err != nil {
+				t.Fatalf("Release = %v, want nil", err)
+			}
+			if v := readData(t, admin, d, name); v != 1 {
+				t.Errorf("the write before the failed statement reads %d, want 1", v)
+			}
+			return
+		}
+		if err != nil {
+			t.Fatalf("TryLock after the error aborted the lock transaction: %v (PostgreSQL should have released the lock)", err)
+		}
+		defer next.Release(ctx)
+		if err := lease.Release(ctx); !errors.Is(err, sqllock.ErrLost) {
+			t.Errorf("Release after an error aborted the lock transaction = %v, want ErrLost", err)
+		} else {
+			t.Logf("Release: %v", err)
+		}
+		if v := readData(t, admin, d, name); v != -1 {
+			t.Errorf("the aborted transaction's write reads %d, want none", v)
+		}
 	})
 }

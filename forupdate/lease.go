@@ -157,22 +157,41 @@ func (s *Lease) pgKeepAlive(ctx context.Context) (time.Duration, error) {
 		return 0, errors.New("session is blocked sending to the client")
 	case state.String == "active":
 		return ttl, nil // the bound runs only while the session is idle
+	case state.String == "idle in transaction (aborted)":
+		return 0, errAborted
 	}
 	idle := time.Duration(idleUS) * time.Microsecond
-	if s.touch(ctx) {
+	switch s.touch(ctx) {
+	case touched:
 		return ttl, nil
+	case touchAborted:
+		return 0, errAborted
 	}
 	return ttl - idle, nil
 }
 
+// errAborted: on PostgreSQL an error in a transaction aborts it, and the abort
+// releases its locks at once, long before the ROLLBACK that ends the transaction
+// block.
+var errAborted = lease.Gonef("an error aborted the lock transaction, and PostgreSQL released its locks with it")
+
+type touchResult int
+
+const (
+	notTouched   touchResult = iota // the connection was busy, or not pgx
+	touched                         // the lease's transaction answered
+	touchAborted                    // the transaction is aborted (25P02): its locks are gone
+)
+
 // touch runs a statement in the lease's transaction, through pgx, if the connection
 // is not busy with a statement or result of the caller's. It reports whether it did
-// and the transaction is the lease's. It waits for the connection at most touchWait
-// (a statement of the caller's that starts meanwhile holds it).
-func (s *Lease) touch(ctx context.Context) bool {
-	res := make(chan bool, 1)
+// and the transaction is the lease's, or whether the transaction is aborted. It waits
+// for the connection at most touchWait (a statement of the caller's that starts
+// meanwhile holds it).
+func (s *Lease) touch(ctx context.Context) touchResult {
+	res := make(chan touchResult, 1)
 	go func() {
-		ok := false
+		ok := notTouched
 		s.conn.Raw(func(dc any) error {
 			p, isPgx := dc.(pgxConn)
 			if !isPgx || p.Conn() == nil || p.Conn().PgConn().IsBusy() {
@@ -182,9 +201,12 @@ func (s *Lease) touch(ctx context.Context) bool {
 			tctx, cancel := context.WithTimeout(context.Background(), touchWait)
 			defer cancel()
 			err := p.Conn().QueryRow(tctx, "SELECT now()").Scan(&now)
-			// An aborted transaction (25P02) still holds its locks until ROLLBACK, and
-			// the statement restarted its idle timer too.
-			ok = (err == nil && now.Equal(s.since)) || sqlerr.IsCode(err, "25P02")
+			switch {
+			case err == nil && now.Equal(s.since):
+				ok = touched
+			case sqlerr.IsCode(err, "25P02"):
+				ok = touchAborted
+			}
 			return nil
 		})
 		res <- ok
@@ -195,9 +217,9 @@ func (s *Lease) touch(ctx context.Context) bool {
 	case ok := <-res:
 		return ok
 	case <-t.C:
-		return false // the goroutine finishes when the caller's statement does
+		return notTouched // the goroutine finishes when the caller's statement does
 	case <-ctx.Done():
-		return false
+		return notTouched
 	}
 }
 
@@ -258,6 +280,10 @@ func (k keeper) GiveBack(ctx context.Context, lost bool) error {
 	case err == nil:
 		s.l.pins.Put(s.conn)
 		return nil
+	case errors.Is(err, pgx.ErrTxCommitRollback):
+		// COMMIT of an aborted transaction rolls back; the locks went at the error.
+		s.l.pins.Put(s.conn)
+		return fmt.Errorf("%w: nothing was committed", errAborted)
 	case errors.Is(err, errCommitTimeout):
 		// bounded discards the connection once COMMIT returns.
 		return s.core.Label().Err("release", ErrCommitUnknown, err)
