@@ -65,6 +65,9 @@ func TestLocktest(t *testing.T) {
 				return l
 			},
 			LatencyHold: 2*forupdate.DefaultKeepalive + time.Second,
+			// Finding 15: after an operator's kill the lease reports itself held for
+			// at most the default keep-alive interval plus the check.
+			KillWindow: forupdate.DefaultKeepalive + 1500*time.Millisecond,
 		})
 	})
 }

@@ -53,6 +53,10 @@ type Config struct {
 	// LossTimeout bounds how long after Lose the lease must report ErrLost, and how
 	// long another client may then wait for the lock. Default 15s.
 	LossTimeout time.Duration
+	// KillWindow, if set, is the documented bound on how long a lease of a
+	// NewDefault Locker goes on reporting itself held after Lose (an operator's
+	// kill of its session) right after the grant: the KillWindow case checks it.
+	KillWindow time.Duration
 
 	// NoTokens tells that the Locker gives no fencing tokens (Token is 0): the token
 	// checks then expect 0.
@@ -129,6 +133,7 @@ func Run(t *testing.T, cfg Config) {
 		{"TryAcquire", testTryAcquire},
 		{"ReleaseTwice", testReleaseTwice},
 		{"Loss", testLoss},
+		{"KillWindow", testKillWindow},
 		{"Deadline", testDeadline},
 		{"Cancel", testCancel},
 		{"Tokens", testTokens},
@@ -392,6 +397,36 @@ func testLoss(t *testing.T, cfg *Config) {
 		t.Errorf("token after loss %d, not greater than the lost lease's %d", next.Token(), lease.Token())
 	}
 	release(t, next)
+}
+
+// testKillWindow: Lose right after the grant (as far as can be from the next
+// keep-alive) on a Locker with the default options: Done closes within KillWindow.
+func testKillWindow(t *testing.T, cfg *Config) {
+	if cfg.KillWindow == 0 {
+		t.Log("locktest: Config.KillWindow not set: KillWindow not checked")
+		return
+	}
+	l := cfg.NewDefault(t, cfg.Open(t, cfg.Dialect))
+	admin := cfg.Open(t, cfg.Dialect)
+	lease := mustAcquire(t, l, uniqueName(t))
+	cfg.Lose(t, admin, lease)
+	lost := time.Now()
+	select {
+	case <-lease.Done():
+	case <-time.After(cfg.KillWindow + 10*time.Second):
+		t.Fatalf("Done not closed %v after the kill", cfg.KillWindow+10*time.Second)
+	}
+	window := time.Since(lost)
+	t.Logf("Done closed %v after the kill (bound %v)", window.Round(time.Millisecond), cfg.KillWindow)
+	if window > cfg.KillWindow {
+		t.Errorf("Done closed %v after the kill, want at most %v", window, cfg.KillWindow)
+	}
+	if err := lease.Err(); !errors.Is(err, sqllock.ErrLost) {
+		t.Errorf("Err = %v, want ErrLost", err)
+	}
+	if err := lease.Release(testdb.Context(t, 30*time.Second)); !errors.Is(err, sqllock.ErrLost) {
+		t.Errorf("Release = %v, want ErrLost", err)
+	}
 }
 
 func testDeadline(t *testing.T, cfg *Config) {
