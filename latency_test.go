@@ -115,10 +115,10 @@ func keepAliveTrips(strategy string, d sqllock.Dialect) (trips int, less time.Du
 		// the transaction (prepare, run).
 		return 5, 0
 	case strategy == "forupdate":
-		// One check (prepare, run); the session's idle time since the caller's last
-		// statement (here up to 1s), rounded up to whole seconds, counts against the
-		// bound.
-		return 2, 2 * time.Second
+		// One check (literals: nothing to prepare); the session's idle time since the
+		// caller's last statement (here up to 1s), rounded up to whole seconds, counts
+		// against the bound.
+		return 1, 2 * time.Second
 	case strategy == "advisory" && d == sqllock.Postgres:
 		return 2, 0 // its own session: prepare, run
 	case strategy == "advisory":

@@ -347,9 +347,9 @@ func (l *Locker) predecessors(ctx context.Context, le *Lease) (preds []pred, pos
 	defer cancel()
 	var rows *sql.Rows
 	if l.b.Dialect == sqllock.Postgres {
-		rows, err = l.b.DB.QueryContext(actx, predecessorsPostgres, le.key, le.number, l.permits)
+		rows, err = l.b.Stmts.Query(actx, predecessorsPostgres, le.key, le.number, l.permits)
 	} else {
-		rows, err = l.b.DB.QueryContext(actx, predecessorsMySQL, le.key, le.number, l.permits, le.key, le.number, le.key, le.number)
+		rows, err = l.b.Stmts.Query(actx, predecessorsMySQL, le.key, le.number, l.permits, le.key, le.number, le.key, le.number)
 	}
 	if err != nil {
 		return nil, 0, false, err

@@ -11,6 +11,7 @@ import (
 
 	"github.com/sqllock/sqllock"
 	"github.com/sqllock/sqllock/internal/lease"
+	"github.com/sqllock/sqllock/internal/pin"
 	"github.com/sqllock/sqllock/internal/sqlerr"
 )
 
@@ -237,7 +238,8 @@ func (s *Lease) myKeepAlive(ctx context.Context) (time.Duration, error) {
 		uptime  sql.NullInt64
 		token   sql.NullInt64
 	)
-	err := s.l.db.QueryRowContext(ctx, s.l.myStmts(ctx).activity, s.key, s.session).Scan(&command, &secs, &state, &uptime, &token)
+	q := fmt.Sprintf(s.l.myStmts(ctx).activity, hexLit(s.key), s.session)
+	err := s.l.db.QueryRowContext(ctx, q).Scan(&command, &secs, &state, &uptime, &token)
 	if errors.Is(err, sql.ErrNoRows) {
 		return 0, lease.Gonef("session %d ended", s.session)
 	}
@@ -250,7 +252,7 @@ func (s *Lease) myKeepAlive(ctx context.Context) (time.Duration, error) {
 	if !s.l.cfg.noToken && token.Valid && token.Int64 >= s.token {
 		return 0, lease.Gonef("the lock transaction committed early (a DDL statement or LOCK TABLES in it?): committed token %d", token.Int64)
 	}
-	ttl := time.Duration(myBoundSeconds(s.l.cfg.Timing.TTL)) * time.Second
+	ttl := time.Duration(pin.Seconds(s.l.cfg.Timing.TTL)) * time.Second // MySQL's wait_timeout
 	if command.String == "Sleep" {
 		// TIME is whole seconds, rounded down: the session may have been idle up to a
 		// second longer.

@@ -16,7 +16,6 @@ import (
 	"github.com/sqllock/sqllock"
 	"github.com/sqllock/sqllock/internal/interrupt"
 	"github.com/sqllock/sqllock/internal/pin"
-	"github.com/sqllock/sqllock/internal/sqlerr"
 )
 
 // The SQL of each dialect. Keys are SHA-256 of the name (namekey.Key); the original
@@ -115,9 +114,10 @@ func newPgStatements(ttl time.Duration) pgStatements {
 
 // myStatements are the MySQL statements that differ between MySQL and MariaDB.
 type myStatements struct {
-	flavor int32
-	// activity returns COMMAND, TIME, STATE of session ? (the second argument), the
-	// server's uptime, and the committed token of the lock row of key ? (the first).
+	// activity (a format: the key as a hex literal, the session id) returns COMMAND,
+	// TIME, STATE of the session, the server's uptime, and the committed token of the
+	// lock row of the key. Literals, not parameters: go-sql-driver would prepare,
+	// run and close a statement with parameters, two round trips per keep-alive.
 	activity string
 	// find returns the ids of the sessions (other than this one) whose statement
 	// contains ?.
@@ -136,11 +136,10 @@ func newMyStatements(flavor int32) myStatements {
 		processlist, status, inTx = "information_schema.PROCESSLIST", "information_schema.GLOBAL_STATUS", "@@in_transaction"
 	}
 	return myStatements{
-		flavor: flavor,
 		activity: "SELECT p.COMMAND, p.TIME, p.STATE, " +
 			"(SELECT CAST(VARIABLE_VALUE AS SIGNED) FROM " + status + " WHERE UPPER(VARIABLE_NAME) = 'UPTIME'), " +
-			"(SELECT token FROM sqllock_rowlock WHERE lock_key = ?) " +
-			"FROM " + processlist + " p WHERE p.ID = ?",
+			"(SELECT token FROM sqllock_rowlock WHERE lock_key = %s) " +
+			"FROM " + processlist + " p WHERE p.ID = %d",
 		find: "SELECT ID FROM " + processlist + " WHERE INFO LIKE ? AND ID <> CONNECTION_ID()",
 		inTx: inTx,
 	}
@@ -152,9 +151,6 @@ func newMyStatements(flavor int32) myStatements {
 func (m myStatements) stillOpen(key []byte) string {
 	return "SELECT token, " + m.inTx + " FROM sqllock_rowlock WHERE lock_key = " + hexLit(key) + " FOR UPDATE NOWAIT"
 }
-
-// myBoundSeconds is the wait_timeout of a lock session: the TTL in whole seconds.
-func myBoundSeconds(ttl time.Duration) int64 { return pin.Seconds(ttl) }
 
 // sending reports whether a MySQL processlist STATE says that the session is writing
 // to its client (net_write_timeout may be running).
@@ -192,20 +188,6 @@ func pgSession(ctx context.Context, conn *sql.Conn) (pid int64, pgc *pgconn.PgCo
 	}
 	err = conn.QueryRowContext(ctx, pgPID).Scan(&pid)
 	return pid, nil, err
-}
-
-// createRow makes sure the row of key exists, in autocommit on conn (never inside a
-// transaction that waits for the row: see the package documentation).
-func createRow(ctx context.Context, conn *sql.Conn, d sqllock.Dialect, key []byte, name, marker string) error {
-	if d == sqllock.Postgres {
-		_, err := conn.ExecContext(ctx, pgCreate, key, []byte(name))
-		return err
-	}
-	_, err := conn.ExecContext(ctx, fmt.Sprintf(myCreateFmt, marker), key, []byte(name))
-	if sqlerr.Is(err, sqlerr.Duplicate) {
-		return nil
-	}
-	return err
 }
 
 // missingRows returns the indexes of keys that have no row, with a plain

@@ -50,6 +50,18 @@ func (c *Cache) QueryRow(ctx context.Context, query string, args ...any) *sql.Ro
 	return c.db.QueryRowContext(ctx, query, args...)
 }
 
+// Query runs query with args and returns its rows.
+func (c *Cache) Query(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
+	if st := c.stmt(ctx, query); st != nil && !c.closed.Load() {
+		rows, err := st.QueryContext(ctx, args...)
+		if err == nil || err.Error() != "sql: statement is closed" {
+			return rows, err
+		}
+		// Closed by Close meanwhile: run it unprepared.
+	}
+	return c.db.QueryContext(ctx, query, args...)
+}
+
 // stmt returns the prepared statement of query, preparing it if needed, or nil on
 // PostgreSQL, after Close or if preparing failed.
 func (c *Cache) stmt(ctx context.Context, query string) *sql.Stmt {

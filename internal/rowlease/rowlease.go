@@ -248,7 +248,10 @@ func (b *Locker) StartLease(k lease.Keeper, tm lease.Timing, name string, key []
 		Log:     b.Cfg.Logger,
 		Now:     b.Now,
 		OnEnd: func() {
-			slot.Leave()
+			if slot != nil {
+				slot.Leave() // hands the slot on and wakes the next waiter
+				return
+			}
 			b.Hub.Wake(skey)
 		},
 	})

@@ -221,13 +221,6 @@ func poke(m map[chan struct{}]bool) {
 	}
 }
 
-// Waiting reports whether anyone in this Hub waits for key.
-func (h *Hub) Waiting(key string) bool {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return len(h.waiters[key]) > 0
-}
-
 // Listen starts the shared listener on PostgreSQL, once a waiter has to wait.
 func (h *Hub) Listen() {
 	h.mu.Lock()
