@@ -25,16 +25,6 @@ import (
 // scratchTable is created by the DDL of Finding 1a, inside a lock transaction.
 const scratchTable = "sqllock_forupdate_scratch"
 
-// closed reports whether ch is closed, without waiting.
-func closed(ch <-chan struct{}) bool {
-	select {
-	case <-ch:
-		return true
-	default:
-		return false
-	}
-}
-
 // releaseBounded runs lease.Release(ctx) and returns its error and how long it took,
 // or fails the test if it has not returned after limit (the old code blocked in
 // COMMIT, which takes no context).
@@ -161,12 +151,6 @@ func pgDDLKeepsLock(t *testing.T) {
 	}
 }
 
-// isDeadlock reports whether err is a deadlock error (MySQL's 1213, PostgreSQL's
-// 40P01).
-func isDeadlock(err error) bool {
-	return sqlerr.Is(err, sqlerr.Deadlock)
-}
-
 // waitLockWait polls the server until the InnoDB transaction of session sid waits
 // for a lock, or fails the test. A statement result on res means it stopped waiting
 // (or never did).
@@ -252,7 +236,7 @@ func TestFinding01bDeadlockVictim(t *testing.T) {
 			_, oerr := otx.ExecContext(ctx, upd, 2, a) // closes the cycle
 			lerr := <-res
 			otx.Rollback()
-			if !isDeadlock(lerr) {
+			if !sqlerr.Is(lerr, sqlerr.Deadlock) {
 				// The other transaction was the victim: the lease is intact.
 				t.Logf("attempt %d: the other transaction was the victim (%v); the lease's UPDATE: %v", attempt, oerr, lerr)
 				if err := lease.Rollback(ctx); err != nil {

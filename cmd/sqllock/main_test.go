@@ -122,7 +122,14 @@ func TestStatusAndForceRelease(t *testing.T) {
 			t.Fatalf("TryAcquire right after force-release -now: %v", err)
 		}
 		le.Release(ctx)
-		<-lease.Done()
+		select {
+		case <-lease.Done():
+		case <-time.After(ttl):
+			t.Fatal("the holder did not notice the deleted row within its TTL")
+		}
+		if !errors.Is(lease.Err(), sqllock.ErrLost) {
+			t.Errorf("Err after force-release -now = %v, want ErrLost", lease.Err())
+		}
 	})
 }
 
