@@ -45,59 +45,63 @@ func TestLatencyTolerance(t *testing.T) {
 					rtt = limit * 16 / 10
 				}
 				wg.Add(1)
-				go t.Run(s.name+"/"+c.name, func(t *testing.T) {
+				// Done after t.Run returns: a subtest that -run filters out never
+				// runs its function.
+				go func() {
 					defer wg.Done()
-					db, proxy := testdb.OpenProxied(t, d)
-					l := s.timed(t, db, d, ttl, keepalive)
-					ctx := testdb.Context(t, hold+time.Minute)
-					lease, err := l.Acquire(ctx, testdb.Name(t))
-					if err != nil {
-						t.Fatal(err)
-					}
-					proxy.SetLatency(rtt / 2)
-					start := time.Now()
-					end := time.After(hold)
-					// forupdate on MySQL: only the caller's statements keep the lock
-					// transaction alive (README, Known limitations): work in it.
-					var work <-chan time.Time
-					fl, isTx := lease.(*forupdate.Lease)
-					if isTx && d == sqllock.MySQL {
-						tick := time.NewTicker(time.Second)
-						defer tick.Stop()
-						work = tick.C
-					}
-					lost := false
-				wait:
-					for {
-						select {
-						case <-lease.Done():
-							lost = true
-							break wait
-						case <-end:
-							break wait
-						case <-work:
-							fl.Tx().ExecContext(ctx, "SELECT 1") // an error shows as a loss
+					t.Run(s.name+"/"+c.name, func(t *testing.T) {
+						db, proxy := testdb.OpenProxied(t, d)
+						l := s.timed(t, db, d, ttl, keepalive)
+						ctx := testdb.Context(t, hold+time.Minute)
+						lease, err := l.Acquire(ctx, testdb.Name(t))
+						if err != nil {
+							t.Fatal(err)
 						}
-					}
-					took := time.Since(start).Round(time.Millisecond)
-					switch {
-					case lost && !c.lose:
-						t.Errorf("round trip %v (tolerated %v): lease lost after %v: %v", rtt, tolerated, took, lease.Err())
-					case !lost && c.lose:
-						t.Errorf("round trip %v (tolerated %v): lease still held after %v, Err %v", rtt, tolerated, took, lease.Err())
-					case lost && !errors.Is(lease.Err(), sqllock.ErrLost):
-						t.Errorf("Err after the loss = %v, want ErrLost", lease.Err())
-					case lost:
-						t.Logf("round trip %v (tolerated %v): told of the loss after %v: %v", rtt, tolerated, took, lease.Err())
-					}
-					err = lease.Release(ctx)
-					if c.lose && !errors.Is(err, sqllock.ErrLost) {
-						t.Errorf("Release after the loss = %v, want ErrLost", err)
-					}
-					if !c.lose && err != nil {
-						t.Errorf("Release with round trip %v = %v", rtt, err)
-					}
-				})
+						proxy.SetLatency(rtt / 2)
+						start := time.Now()
+						end := time.After(hold)
+						// forupdate on MySQL: only the caller's statements keep the lock
+						// transaction alive (README, Known limitations): work in it.
+						var work <-chan time.Time
+						fl, isTx := lease.(*forupdate.Lease)
+						if isTx && d == sqllock.MySQL {
+							tick := time.NewTicker(time.Second)
+							defer tick.Stop()
+							work = tick.C
+						}
+						lost := false
+					wait:
+						for {
+							select {
+							case <-lease.Done():
+								lost = true
+								break wait
+							case <-end:
+								break wait
+							case <-work:
+								fl.Tx().ExecContext(ctx, "SELECT 1") // an error shows as a loss
+							}
+						}
+						took := time.Since(start).Round(time.Millisecond)
+						switch {
+						case lost && !c.lose:
+							t.Errorf("round trip %v (tolerated %v): lease lost after %v: %v", rtt, tolerated, took, lease.Err())
+						case !lost && c.lose:
+							t.Errorf("round trip %v (tolerated %v): lease still held after %v, Err %v", rtt, tolerated, took, lease.Err())
+						case lost && !errors.Is(lease.Err(), sqllock.ErrLost):
+							t.Errorf("Err after the loss = %v, want ErrLost", lease.Err())
+						case lost:
+							t.Logf("round trip %v (tolerated %v): told of the loss after %v: %v", rtt, tolerated, took, lease.Err())
+						}
+						err = lease.Release(ctx)
+						if c.lose && !errors.Is(err, sqllock.ErrLost) {
+							t.Errorf("Release after the loss = %v, want ErrLost", err)
+						}
+						if !c.lose && err != nil {
+							t.Errorf("Release with round trip %v = %v", rtt, err)
+						}
+					})
+				}()
 			}
 		}
 	})
