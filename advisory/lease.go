@@ -175,6 +175,9 @@ func (s *session) release(ctx context.Context, le *Lease) error {
 	s.mu.Lock()
 	if s.ended {
 		s.mu.Unlock()
+		// Waits for the clean-up after a loss (the session discarded) to finish, so
+		// that nothing of the lease is left when Release returns.
+		s.core.Release(ctx)
 		if err := s.core.Err(); errors.Is(err, sqllock.ErrLost) {
 			return err
 		}
