@@ -44,13 +44,19 @@ ci_apt_update() {
 	fi
 }
 
-# ci_need_cmd CMD PACKAGE: install PACKAGE from Debian if CMD is missing.
+# ci_need_cmd CMD PACKAGE: install PACKAGE from Debian if CMD is missing. Callers
+# that run at once (the image builds of several suites) take turns: apt's own lock
+# would make all but one fail.
 ci_need_cmd() {
 	command -v "$1" >/dev/null 2>&1 && return 0
-	ci_apt_update
-	ci_log "installing $2"
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$2" >&2 ||
-		ci_die "apt-get install $2 failed"
+	(
+		flock 8
+		command -v "$1" >/dev/null 2>&1 && exit 0 # installed while we waited
+		ci_apt_update
+		ci_log "installing $2"
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$2" >&2 ||
+			ci_die "apt-get install $2 failed"
+	) 8>/var/lock/sqllock-ci-apt.lock || exit 1
 	command -v "$1" >/dev/null 2>&1 || ci_die "$1 still missing after installing $2"
 }
 
