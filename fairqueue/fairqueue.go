@@ -29,8 +29,8 @@ const (
 	DefaultPollInterval = rowlease.DefaultPollInterval
 	// DefaultAttemptTimeout bounds one statement.
 	DefaultAttemptTimeout = rowlease.DefaultAttemptTimeout
-	// nextPoll caps the sleep of a MySQL waiter next in line to be granted (and, times
-	// its place, of the others): MySQL has no notifications, so it looks often.
+	// nextPoll caps the sleep of a MySQL waiter next in line to be granted: MySQL has
+	// no notifications, so it looks often (see pace).
 	nextPoll = 10 * time.Millisecond
 )
 
@@ -72,6 +72,8 @@ type Locker struct {
 
 	mu     sync.Mutex
 	owners map[string]*ticket // owner key + "\x00" + lock key -> the held ticket it re-enters
+
+	pace pace // MySQL: the time between two grants of a name, as its waiters saw it
 }
 
 // New returns a Locker of strictly first-in first-out locks on db, which must have
@@ -295,11 +297,15 @@ func (l *Locker) drawTx(ctx context.Context, key []byte, name string, owner []by
 // the nearest one's lease would expire (a dead owner), or after a poll. With block
 // false it looks once. It returns errTicketLost if the ticket died meanwhile.
 func (l *Locker) waitTurn(ctx context.Context, le *Lease, block bool) (bool, error) {
+	seen := new(sighting)
 	for attempt := 0; ; attempt++ {
 		if le.core.Err() != nil {
 			return false, errTicketLost
 		}
 		preds, position, dead, err := l.predecessors(ctx, le)
+		if err == nil && l.b.Dialect == sqllock.MySQL {
+			l.pace.saw(le.key, seen, position, time.Now())
+		}
 		if err == nil && position < l.permits {
 			if dead {
 				// Drop the dead tickets first: this waits for a Check a dead holder's
@@ -327,7 +333,7 @@ func (l *Locker) waitTurn(ctx context.Context, le *Lease, block bool) (bool, err
 		if !block {
 			return false, nil
 		}
-		if err := l.sleep(ctx, le, preds, position-l.permits+1, attempt, err != nil); err != nil {
+		if err := l.sleep(ctx, le, preds, seen, position-l.permits+1, attempt, err != nil); err != nil {
 			return false, err
 		}
 	}
@@ -387,7 +393,7 @@ func (l *Locker) dropDead(ctx context.Context, le *Lease) error {
 
 // sleep waits for the release of one of preds (their topics), the nearest one's
 // expiry, a poll, the ticket's own loss, or ctx.
-func (l *Locker) sleep(ctx context.Context, le *Lease, preds []pred, place, attempt int, failed bool) error {
+func (l *Locker) sleep(ctx context.Context, le *Lease, preds []pred, seen *sighting, place, attempt int, failed bool) error {
 	wake := make(chan struct{}, 1)
 	topics := make([]string, len(preds))
 	for i, p := range preds {
@@ -395,17 +401,13 @@ func (l *Locker) sleep(ctx context.Context, le *Lease, preds []pred, place, atte
 	}
 	defer l.b.Hub.SubscribeTopics(wake, topics...)()
 	// The fallback: the nearest predecessors' expiry (a dead owner releases nothing),
-	// at most the poll interval. On MySQL, which has no notifications, a waiter polls
-	// every nextPoll times its place in the line (place 1 is next to be granted), with
-	// jitter, at most every poll interval: the statements a grant costs grow with the
-	// logarithm of the queue's length (the harmonic sum of the places), not with it.
+	// at most the poll interval. On MySQL, which has no notifications, see pace.sleep.
 	d := backoff.Policy{Min: l.b.Cfg.Poll / 2, Max: l.b.Cfg.Poll}.Delay(1)
 	switch {
 	case failed:
 		d = backoff.Policy{Min: time.Millisecond, Max: l.b.Cfg.Poll}.Delay(attempt)
 	case l.b.Dialect == sqllock.MySQL:
-		maxd := min(l.b.Cfg.Poll, time.Duration(max(place, 1))*nextPoll)
-		d = backoff.Policy{Min: maxd / 2, Max: maxd}.Delay(1)
+		d = l.pace.sleep(le.key, seen, place, l.b.Cfg.Poll)
 	default:
 		l.b.Hub.Listen()
 	}

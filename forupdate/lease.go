@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -40,6 +41,9 @@ type Lease struct {
 	target  waitTarget
 	core    *lease.Lease
 	commit  bool // set by Release (true) or Rollback (false) before the core's Release
+	// handed is set once the transaction was handed out (Tx, WithLock): only then can
+	// a statement of the caller's have ended it early.
+	handed atomic.Bool
 }
 
 var _ sqllock.Lease = (*Lease)(nil)
@@ -73,7 +77,10 @@ func (s *Lease) Token() int64 { return s.token }
 // it commits with Release. Do not call its Commit or Rollback; use the lease's. Do
 // not run statements that end the transaction (COMMIT, ROLLBACK, DDL and LOCK TABLES
 // on MySQL): they free the lock early, and the lease reports ErrLost.
-func (s *Lease) Tx() *sql.Tx { return s.tx }
+func (s *Lease) Tx() *sql.Tx {
+	s.handed.Store(true)
+	return s.tx
+}
 
 // SessionID returns the id of the database session holding the lock: the backend
 // pid on PostgreSQL (pg_backend_pid()), the connection id on MySQL
@@ -89,9 +96,9 @@ func (s *Lease) Done() <-chan struct{} { return s.core.Done() }
 func (s *Lease) Err() error { return s.core.Err() }
 
 // Release commits the transaction, and so the work done in Tx together with the new
-// token, which frees the lock. It first checks that the transaction is still the
-// lease's (on MySQL a DDL statement, LOCK TABLES, or InnoDB rolling back a deadlock
-// victim ends it early, which frees the lock): if not, it rolls back whatever ran
+// token, which frees the lock. On MySQL, if Tx was called, it first checks that the
+// transaction is still the lease's (a DDL statement, LOCK TABLES, or InnoDB rolling
+// back a deadlock victim ends it early, which frees the lock): if not, it rolls back whatever ran
 // since and returns an error matching sqllock.ErrLost, as it does when the lease was
 // lost before. A COMMIT that fails with a deadlock or certification failure (a
 // Galera cluster) also reports ErrLost; another failure of COMMIT (a deferred
@@ -265,13 +272,18 @@ func (s *Lease) myKeepAlive(ctx context.Context) (time.Duration, error) {
 }
 
 // GiveBack ends the transaction: COMMIT for Release (after checking on MySQL that the
-// transaction is still the lease's), ROLLBACK for Rollback and after a loss.
+// transaction is still the lease's, if it was handed out), ROLLBACK for Rollback and
+// after a loss.
 func (k keeper) GiveBack(ctx context.Context, lost bool) error {
 	s := k.s
 	if lost || !s.commit {
 		return s.rollback(ctx, lost)
 	}
-	if s.l.dialect == sqllock.MySQL {
+	if s.l.dialect == sqllock.MySQL && s.handed.Load() {
+		// Only a statement can end an InnoDB transaction early (DDL, LOCK TABLES, a
+		// deadlock or lock wait rollback; an idle transaction is never a deadlock
+		// victim), and only the caller's run on it: a transaction never handed out
+		// needs no check (a Galera abort of it fails the COMMIT itself).
 		if err := s.myStillOpen(ctx); err != nil {
 			s.rollback(ctx, true)
 			return err
@@ -432,7 +444,7 @@ func (s *Lease) run(ctx context.Context, fn func(ctx context.Context, tx *sql.Tx
 			panic(p)
 		}
 	}()
-	ferr := fn(fctx, s.tx)
+	ferr := fn(fctx, s.Tx())
 	stop()
 	if ferr != nil {
 		rerr := s.Rollback(ectx)
