@@ -1,0 +1,285 @@
+package main
+
+// Phases and statistics: a phase runs clients of one cell for a fixed time; metrics
+// are computed from its samples, ratios within a round, medians over rounds.
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"math"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// phase describes one timed run of a cell.
+type phase struct {
+	clients int           // independent clients, each with its own pool
+	hold    time.Duration // busy-spin while holding the lock
+	dur     time.Duration
+}
+
+// sample is one acquisition, in nanoseconds since the phase started.
+type sample struct {
+	seq        int64 // order in which Acquire returned, from 1
+	start, got int64 // Acquire called, Acquire returned
+	released   int64 // Release returned
+	client     int
+}
+
+// phaseResult is what a phase measured.
+type phaseResult struct {
+	acq       int64
+	elapsed   time.Duration
+	trips     int64 // round trips on the wire, all clients, during the phase
+	oneway    int64
+	perClient []int64
+	wait      []time.Duration // Acquire call to return
+	handoff   []time.Duration // previous holder's Release returned to Acquire returned
+	errs      []error
+}
+
+// run opens p.clients clients of c (each with a pool of its own, all counting into
+// one wireCount), warms each up with one acquisition of name, then has them all take
+// name in a loop for p.dur.
+func (p phase) run(ctx context.Context, t *target, c cell, name string) (phaseResult, error) {
+	var wc wireCount
+	var clients []client
+	var dbs []*sql.DB
+	defer func() {
+		for _, cl := range clients {
+			cl.close()
+		}
+		for _, db := range dbs {
+			db.Close()
+		}
+	}()
+	for range p.clients {
+		db, err := t.open(&wc)
+		if err != nil {
+			return phaseResult{}, err
+		}
+		dbs = append(dbs, db)
+		cl, err := c.open(ctx, db, t.d)
+		if err != nil {
+			return phaseResult{}, fmt.Errorf("%s: %w", c.name, err)
+		}
+		clients = append(clients, cl)
+	}
+	for _, cl := range clients { // warm-up: connections, prepared statements
+		unlock, err := cl.lock(ctx, name)
+		if err == nil {
+			err = unlock(ctx)
+		}
+		if err != nil {
+			return phaseResult{}, fmt.Errorf("%s: warm-up: %w", c.name, err)
+		}
+	}
+
+	var (
+		seq     atomic.Int64
+		wg      sync.WaitGroup
+		mu      sync.Mutex
+		samples []sample
+		errs    []error
+	)
+	trips0, oneway0 := wc.trips.Load(), wc.oneway.Load()
+	start := time.Now()
+	since := func() int64 { return int64(time.Since(start)) }
+	deadline := int64(p.dur)
+	// Acquire waits at most this long: a phase that hangs is reported, not waited for.
+	actx, cancel := context.WithTimeout(ctx, p.dur+time.Minute)
+	defer cancel()
+	for i, cl := range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var mine []sample
+			var err error
+			for since() < deadline && err == nil {
+				s := sample{client: i, start: since()}
+				var unlock func(context.Context) error
+				unlock, err = cl.lock(actx, name)
+				if err != nil {
+					break
+				}
+				s.got, s.seq = since(), seq.Add(1)
+				for t := time.Now(); time.Since(t) < p.hold; { // the critical section
+				}
+				err = unlock(actx)
+				s.released = since()
+				mine = append(mine, s)
+			}
+			mu.Lock()
+			samples = append(samples, mine...)
+			if err != nil {
+				errs = append(errs, err)
+			}
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	r := phaseResult{
+		acq:       int64(len(samples)),
+		elapsed:   time.Since(start),
+		trips:     wc.trips.Load() - trips0,
+		oneway:    wc.oneway.Load() - oneway0,
+		perClient: make([]int64, p.clients),
+		errs:      errs,
+	}
+	// Hand-offs: acquisition k waited for acquisition k-1 if it called Acquire
+	// before k-1's Release returned. A waiter may see the lock before the releaser
+	// sees its Release return: such hand-offs count as 0.
+	relBySeq := make([]int64, len(samples)+2)
+	for _, s := range samples {
+		if s.seq < int64(len(relBySeq)) {
+			relBySeq[s.seq] = s.released
+		}
+	}
+	for _, s := range samples {
+		r.perClient[s.client]++
+		r.wait = append(r.wait, time.Duration(s.got-s.start))
+		if s.seq > 1 && s.seq-1 < int64(len(relBySeq)) {
+			if rel := relBySeq[s.seq-1]; rel != 0 && s.start < rel {
+				r.handoff = append(r.handoff, time.Duration(max(0, s.got-rel)))
+			}
+		}
+	}
+	return r, nil
+}
+
+// percentile returns the p-th quantile (0..1) of ds by nearest rank, sorting ds.
+func percentile(ds []time.Duration, p float64) (time.Duration, bool) {
+	if len(ds) == 0 {
+		return 0, false
+	}
+	slices.Sort(ds)
+	i := int(math.Ceil(p*float64(len(ds)))) - 1
+	return ds[max(0, min(i, len(ds)-1))], true
+}
+
+// Metric names, also the keys of the JSON output. Durations are in microseconds.
+const (
+	mPairs      = "uncontended_pairs_per_s"
+	mStmtsUnc   = "uncontended_stmts_per_acq"
+	mOnewayUnc  = "uncontended_oneway_per_acq"
+	mXRaw       = "uncontended_x_raw"
+	mXFloor     = "uncontended_x_floor"
+	mXPeer      = "uncontended_x_peer"
+	mC1         = "contended1_acq_per_s"
+	mCN         = "contended_acq_per_s"
+	mCNXRaw     = "contended_x_raw"
+	mStmtsCN    = "contended_stmts_per_acq"
+	mMinShare   = "contended_min_share_pct"
+	mWaitP50    = "contended_wait_p50_us"
+	mWaitP99    = "contended_wait_p99_us"
+	mHandoffP50 = "contended_handoff_p50_us"
+	mHandoffP99 = "contended_handoff_p99_us"
+	mErrors     = "errors"
+)
+
+// metrics of one cell in one round; a missing key means "not measured".
+type metrics map[string]float64
+
+func us(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
+
+// uncontended records the single-client phase without hold.
+func (m metrics) uncontended(r phaseResult) {
+	m[mPairs] = float64(r.acq) / r.elapsed.Seconds()
+	if r.acq > 0 {
+		m[mStmtsUnc] = float64(r.trips) / float64(r.acq)
+		m[mOnewayUnc] = float64(r.oneway) / float64(r.acq)
+	}
+	m[mErrors] += float64(len(r.errs))
+}
+
+// contended1 records the single-client phase with hold.
+func (m metrics) contended1(r phaseResult) {
+	m[mC1] = float64(r.acq) / r.elapsed.Seconds()
+	m[mErrors] += float64(len(r.errs))
+}
+
+// contended records the phase of several clients on one name.
+func (m metrics) contended(r phaseResult) {
+	m[mCN] = float64(r.acq) / r.elapsed.Seconds()
+	m[mErrors] += float64(len(r.errs))
+	if r.acq == 0 {
+		return
+	}
+	m[mStmtsCN] = float64(r.trips) / float64(r.acq)
+	m[mMinShare] = 100 * float64(slices.Min(r.perClient)) / float64(r.acq)
+	if v, ok := percentile(r.wait, 0.50); ok {
+		m[mWaitP50] = us(v)
+	}
+	if v, ok := percentile(r.wait, 0.99); ok {
+		m[mWaitP99] = us(v)
+	}
+	if v, ok := percentile(r.handoff, 0.50); ok {
+		m[mHandoffP50] = us(v)
+	}
+	if v, ok := percentile(r.handoff, 0.99); ok {
+		m[mHandoffP99] = us(v)
+	}
+}
+
+// ratios sets, within one round, each cell's ratios to its raw cell, its peer and
+// the floor.
+func ratios(cells []cell, round map[string]metrics) {
+	var floor metrics
+	for _, c := range cells {
+		if c.floor {
+			floor = round[c.name]
+		}
+	}
+	ratio := func(m metrics, key string, other metrics, okey string) {
+		if other == nil || other[okey] == 0 {
+			return
+		}
+		if v, ok := m[okey]; ok {
+			m[key] = v / other[okey]
+		}
+	}
+	for _, c := range cells {
+		m := round[c.name]
+		if m == nil {
+			continue
+		}
+		ratio(m, mXFloor, floor, mPairs)
+		if c.raw != "" {
+			ratio(m, mXRaw, round[c.raw], mPairs)
+			ratio(m, mCNXRaw, round[c.raw], mCN)
+		}
+		if c.peer != "" {
+			ratio(m, mXPeer, round[c.peer], mPairs)
+		}
+	}
+}
+
+// median returns, for every key, the median over rounds of the rounds that have it.
+func median(rounds []metrics) metrics {
+	out := metrics{}
+	keys := map[string]bool{}
+	for _, r := range rounds {
+		for k := range r {
+			keys[k] = true
+		}
+	}
+	for k := range keys {
+		var vs []float64
+		for _, r := range rounds {
+			if v, ok := r[k]; ok {
+				vs = append(vs, v)
+			}
+		}
+		slices.Sort(vs)
+		n := len(vs)
+		if n%2 == 1 {
+			out[k] = vs[n/2]
+		} else {
+			out[k] = (vs[n/2-1] + vs[n/2]) / 2
+		}
+	}
+	return out
+}
