@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"math/rand/v2"
+	"slices"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
@@ -28,6 +29,11 @@ type cell struct {
 	// raw is the hand-written cell this one is compared with ("" for raw cells and
 	// the floor); peer the peer library's cell, if that is in the run.
 	raw, peer string
+	// peerOf (peer cells only) names the cells whose peer this is.
+	peerOf []string
+	// pool, if set, opens the client's pool in place of target.open (a peer on
+	// another driver); it must count into wc.
+	pool func(t *target, wc *wireCount) (*sql.DB, error)
 	// floor marks the SELECT 1 cell: not a lock, so it has no contended phases.
 	floor bool
 	// open makes one client over db, a pool that belongs to that client alone.
@@ -82,7 +88,14 @@ func cellsFor(d sqllock.Dialect) []cell {
 		})},
 	}
 	if peerCells != nil {
-		cs = append(cs, peerCells(d)...)
+		for _, p := range peerCells(d) {
+			for i := range cs {
+				if slices.Contains(p.peerOf, cs[i].name) {
+					cs[i].peer = p.name
+				}
+			}
+			cs = append(cs, p)
+		}
 	}
 	return cs
 }
@@ -267,6 +280,13 @@ func openRawInsert(ctx context.Context, db *sql.DB, d sqllock.Dialect) (client, 
 	}, nil
 }
 
+// fnv64 hashes a lock name into a raw advisory key.
+func fnv64(name string) uint64 {
+	h := fnv.New64a()
+	h.Write([]byte(name))
+	return h.Sum64()
+}
+
 // deadlock reports whether err is InnoDB's deadlock error, which INSERT IGNORE meets
 // when it races a DELETE of the same key: a hand-written loop retries it.
 func deadlock(err error) bool {
@@ -292,12 +312,10 @@ func openRawAdvisory(ctx context.Context, db *sql.DB, d sqllock.Dialect) (client
 		return nil, err
 	}
 	key := func(name string) any {
-		h := fnv.New64a()
-		h.Write([]byte(name))
 		if d == sqllock.MySQL {
-			return fmt.Sprintf("bench:%x", h.Sum64()) // names are server-wide, at most 64 characters
+			return fmt.Sprintf("bench:%x", fnv64(name)) // names are server-wide, at most 64 characters
 		}
-		return int64(h.Sum64())
+		return int64(fnv64(name))
 	}
 	run := func(ctx context.Context, st *sql.Stmt, k any) error {
 		if d == sqllock.Postgres { // the functions return void (unlock: a boolean)

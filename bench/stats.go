@@ -57,7 +57,11 @@ func (p phase) run(ctx context.Context, t *target, c cell, name string) (phaseRe
 		}
 	}()
 	for range p.clients {
-		db, err := t.open(&wc)
+		open := t.open
+		if c.pool != nil {
+			open = func(wc *wireCount) (*sql.DB, error) { return c.pool(t, wc) }
+		}
+		db, err := open(&wc)
 		if err != nil {
 			return phaseResult{}, err
 		}
