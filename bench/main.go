@@ -172,33 +172,40 @@ func runDialect(ctx context.Context, c config, t *target) (dialectReport, error)
 			cl := cells[(i+r)%len(cells)]
 			fmt.Fprintf(os.Stderr, "bench: %v round %d/%d: %s\n", t.d, r+1, c.rounds, cl.name)
 			m := metrics{}
-			record := func(ph phase, kind string, f func(phaseResult)) error {
-				name := fmt.Sprintf("bench/%s/%s/r%d/%d", cl.name, kind, r, time.Now().UnixNano())
+			phases := []struct {
+				kind string
+				ph   phase
+				f    func(phaseResult)
+			}{
+				{"uncontended", phase{clients: 1, dur: c.dur}, m.uncontended},
+				{"contended1", phase{clients: 1, hold: c.hold, dur: c.dur}, m.contended1},
+				{"contended", phase{clients: c.clients, hold: c.hold, dur: c.dur}, m.contended},
+			}
+			if cl.floor {
+				phases = phases[:1]
+			}
+			for _, p := range phases {
+				name := fmt.Sprintf("bench/%s/%s/r%d/%d", cl.name, p.kind, r, time.Now().UnixNano())
 				if err := ensureRow(ctx, t.setup, t.d, name); err != nil {
-					return err
+					return dialectReport{}, err
 				}
-				res, err := ph.run(ctx, t, cl, name)
-				if err != nil {
-					return err
+				res, err := p.ph.run(ctx, t, cl, name)
+				if ctx.Err() != nil {
+					return dialectReport{}, ctx.Err()
+				}
+				if err != nil { // the cell could not start: report it, go on with the others
+					res.errs = append(res.errs, err)
 				}
 				for _, e := range res.errs {
-					msg := fmt.Sprintf("round %d %s: %v", r+1, kind, e)
+					msg := fmt.Sprintf("round %d %s: %v", r+1, p.kind, e)
 					fmt.Fprintln(os.Stderr, "bench:", cl.name, msg)
 					errs[cl.name] = append(errs[cl.name], msg)
 				}
-				f(res)
-				return ctx.Err()
-			}
-			if err := record(phase{clients: 1, dur: c.dur}, "uncontended", m.uncontended); err != nil {
-				return dialectReport{}, err
-			}
-			if !cl.floor {
-				if err := record(phase{clients: 1, hold: c.hold, dur: c.dur}, "contended1", m.contended1); err != nil {
-					return dialectReport{}, err
+				if err != nil {
+					m[mErrors]++
+					break
 				}
-				if err := record(phase{clients: c.clients, hold: c.hold, dur: c.dur}, "contended", m.contended); err != nil {
-					return dialectReport{}, err
-				}
+				p.f(res)
 			}
 			round[cl.name] = m
 		}
