@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/sqllock/sqllock/internal/interrupt"
-	"github.com/sqllock/sqllock/internal/pin"
 )
 
 // pgStatements holds the SQL of one PostgreSQL mode (exclusive or shared) and key form
@@ -17,19 +16,11 @@ type pgStatements struct {
 	try, wait, unlock, xact, tryXact string
 }
 
-// pgStatementsFor builds the statements of a Locker whose sessions are bounded by
-// ttl. A granted session lock also sets the session's bound in the same statement
-// (idle_session_timeout: the server ends a session idle for longer; tcp_user_timeout:
-// and one whose client stopped acknowledging), and the unlock puts them back:
-// no round trip is added to the bare lock statements.
-func pgStatementsFor(ttl time.Duration) (t [2][2]pgStatements) {
-	ms := "'" + pin.Millis(ttl) + "'"
-	setIdle := "set_config('idle_session_timeout', " + ms + ", false)"
-	setTCP := "set_config('tcp_user_timeout', " + ms + ", false)"
-	set := setIdle + ", " + setTCP
-	// set_config with a NULL value is a RESET: the session's default comes back (a
-	// lookup in pg_settings instead costs half a millisecond each).
-	reset := "set_config('idle_session_timeout', NULL, false), set_config('tcp_user_timeout', NULL, false)"
+// pgStatementsFor builds the statements. The session's bound (idle_session_timeout:
+// the server ends a session idle for longer; tcp_user_timeout: and one whose client
+// stopped acknowledging) is set by the pin.Pool the connection comes from, once per
+// session it keeps for reuse, not by these statements.
+func pgStatementsFor() (t [2][2]pgStatements) {
 	for sh := 0; sh < 2; sh++ {
 		for raw := 0; raw < 2; raw++ {
 			suffix := ""
@@ -41,13 +32,11 @@ func pgStatementsFor(ttl time.Duration) (t [2][2]pgStatements) {
 				args = "($1::int8)"
 			}
 			t[sh][raw] = pgStatements{
-				// The lock function runs in a subquery, once, before the settings.
-				try: "SELECT l.got, pg_backend_pid(), CASE WHEN l.got THEN " + setIdle + " END, CASE WHEN l.got THEN " + setTCP +
-					" END FROM (SELECT pg_try_advisory_lock" + suffix + args + " AS got) l",
-				wait: "SELECT pg_backend_pid(), " + set + " FROM pg_advisory_lock" + suffix + args,
+				try:  "SELECT pg_try_advisory_lock" + suffix + args + ", pg_backend_pid()",
+				wait: "SELECT pg_backend_pid() FROM pg_advisory_lock" + suffix + args,
 				// One row if the lock was held (the caller reads the row count: Exec
 				// starts no goroutine of database/sql's, unlike a query with a context).
-				unlock:  "SELECT 1 FROM (SELECT pg_advisory_unlock" + suffix + args + " AS ok, " + reset + ") s WHERE s.ok",
+				unlock:  "SELECT 1 WHERE pg_advisory_unlock" + suffix + args,
 				xact:    "SELECT 1 FROM pg_advisory_xact_lock" + suffix + args,
 				tryXact: "SELECT pg_try_advisory_xact_lock" + suffix + args,
 			}
@@ -70,8 +59,7 @@ func (l *Locker) pgLock(ctx context.Context, conn *sql.Conn, id lockID, wait boo
 	st := l.pgStmts(id)
 	if !wait {
 		var pid int64
-		var a, b sql.NullString
-		err = conn.QueryRowContext(ctx, st.try, id.pgArgs()...).Scan(&ok, &pid, &a, &b)
+		err = conn.QueryRowContext(ctx, st.try, id.pgArgs()...).Scan(&ok, &pid)
 		return pid, ok, err != nil, err
 	}
 	// A wait that ctx ends is cancelled on the server (see internal/interrupt): with
@@ -80,8 +68,7 @@ func (l *Locker) pgLock(ctx context.Context, conn *sql.Conn, id lockID, wait boo
 	// with it.
 	dirty, err = l.interrupter().Run(ctx, interrupt.Target{PgConn: interrupt.PgConn(conn), Label: id.name}, false,
 		func(qctx context.Context) error {
-			var a, b string
-			return conn.QueryRowContext(qctx, st.wait, id.pgArgs()...).Scan(&sid, &a, &b)
+			return conn.QueryRowContext(qctx, st.wait, id.pgArgs()...).Scan(&sid)
 		})
 	return sid, err == nil, dirty || err != nil, err
 }
