@@ -30,8 +30,9 @@ var (
 	// shorter than twice the keepalive interval. Constructors return it.
 	ErrInvalidOption = errors.New("sqllock: invalid option")
 
-	// ErrNotMigrated reports that a table of the library is missing from the database:
-	// apply the migrations (migrations.Up) first.
+	// ErrNotMigrated reports that a table or column of the library is missing from the
+	// database: apply the migrations (migrations.Up) first, including those added by
+	// the library version you upgraded to.
 	ErrNotMigrated = errors.New("sqllock: the library's tables are missing: run migrations.Up")
 )
 

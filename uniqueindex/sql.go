@@ -22,8 +22,12 @@ const (
 	// mix the takeover and reentry branches. A live row of the same owner is this
 	// acquisition's own (owners are unique per acquisition, or the reentrant key): a
 	// reentrant acquisition ($5) adds a hold, a retry after a lost reply adopts it.
+	// An attempt of an Acquire ($8) that finds the lease held marks it waited for (w),
+	// so that its release notifies; a takeover clears the mark. The mark is written
+	// under the row lock the release's DELETE takes too: a release either sees it or
+	// comes first, and then the attempt finds no row to wait for.
 	//
-	// $1 key, $2 name, $3 owner, $4 TTL µs, $5 reentrant, $6 host, $7 pid.
+	// $1 key, $2 name, $3 owner, $4 TTL µs, $5 reentrant, $6 host, $7 pid, $8 will wait.
 	acquirePostgres = `WITH f AS (
   INSERT INTO sqllock_fence AS f (lock_key, name, token) VALUES ($1, $2, 1)
   ON CONFLICT (lock_key) DO UPDATE SET token = f.token + 1
@@ -39,9 +43,13 @@ const (
     owner       = excluded.owner,
     host        = excluded.host,
     pid         = excluded.pid,
-    expires_at  = GREATEST(l.expires_at, excluded.expires_at)
+    expires_at  = GREATEST(l.expires_at, excluded.expires_at),
+    waiters     = CASE WHEN l.expires_at <= excluded.acquired_at THEN false ELSE l.waiters END
   WHERE l.expires_at <= excluded.acquired_at OR l.owner = excluded.owner
   RETURNING l.token, l.holds
+), w AS (
+  UPDATE sqllock_lease SET waiters = true
+  WHERE lock_key = $1 AND $8::boolean AND NOT waiters AND NOT EXISTS (SELECT 1 FROM ins)
 )
 SELECT token, holds, 0::bigint FROM ins
 UNION ALL
@@ -101,10 +109,11 @@ WHERE lock_key = $1 AND owner = $2 AND token = $3 AND expires_at > clock_timesta
 WHERE lock_key = ? AND owner = ? AND token = ? AND expires_at > UTC_TIMESTAMP(6)`
 
 	// release deletes the row of the last hold; on PostgreSQL it notifies waiters in
-	// the same statement (delivered at commit).
+	// the same statement (delivered at commit), if an Acquire marked the row waited
+	// for. One row per deleted row.
 	releasePostgres = `WITH d AS (DELETE FROM sqllock_lease WHERE lock_key = $1 AND owner = $2 AND token = $3 AND holds <= 1
-  AND ` + rowlease.AsyncRelease + ` RETURNING lock_key)
-SELECT pg_notify('` + channel + `', encode(lock_key, 'hex')) FROM d`
+  AND ` + rowlease.AsyncRelease + ` RETURNING lock_key, waiters)
+SELECT CASE WHEN waiters THEN pg_notify('` + channel + `', encode(lock_key, 'hex'))::text END FROM d`
 	releaseMySQL = `DELETE FROM sqllock_lease WHERE lock_key = ? AND owner = ? AND token = ? AND holds <= 1`
 
 	// forget deletes the row of an acquisition whose outcome the caller never learnt
@@ -121,18 +130,18 @@ SELECT count(*), string_agg(pg_notify('` + channel + `', encode(lock_key, 'hex')
 	// the row). The last hold (holds = 1; holds > 0 is a CHECK on PostgreSQL) is given
 	// back by making the row expired: it is then free for the next acquirer, whose
 	// takeover starts a new token, and unholdDone deletes it, best effort (the reaper
-	// otherwise). PostgreSQL returns rows, rows freed, and notifies waiters of a freed
-	// row; MySQL returns the hold count before the update as the insert id
+	// otherwise). PostgreSQL returns rows, rows freed, and notifies the waiters of a
+	// freed row that was waited for; MySQL returns the hold count before the update as the insert id
 	// (LAST_INSERT_ID(holds)), and its assignments run left to right, so expires_at
 	// reads the count before holds is updated.
 	unholdPostgres = `WITH u AS (
   UPDATE sqllock_lease SET holds = GREATEST(holds - 1, 1),
     expires_at = CASE WHEN holds <= 1 THEN LEAST(expires_at, clock_timestamp() - interval '1 second') ELSE expires_at END
   WHERE lock_key = $1 AND owner = $2 AND token = $3
-  RETURNING lock_key, expires_at <= clock_timestamp() AS freed
+  RETURNING lock_key, waiters, expires_at <= clock_timestamp() AS freed
 )
 SELECT count(*), count(*) FILTER (WHERE freed),
-  string_agg(CASE WHEN freed THEN pg_notify('` + channel + `', encode(lock_key, 'hex'))::text END, '') FROM u`
+  string_agg(CASE WHEN freed AND waiters THEN pg_notify('` + channel + `', encode(lock_key, 'hex'))::text END, '') FROM u`
 	unholdMySQL = `UPDATE sqllock_lease SET
   expires_at = IF(holds <= 1, LEAST(expires_at, UTC_TIMESTAMP(6) - INTERVAL 1 SECOND), expires_at),
   holds = GREATEST(LAST_INSERT_ID(holds) - 1, 1)

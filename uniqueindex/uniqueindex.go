@@ -55,8 +55,11 @@
 // Acquire waits without holding a pooled connection. Goroutines of one Locker that
 // wait for the same name queue in FIFO order in the process and only the first one
 // sends attempts, so inside a process the lock is handed on in order with one
-// statement (two on MySQL) and no herd. On PostgreSQL a release sends a NOTIFY in its
-// DELETE statement; one shared LISTEN connection per Locker (outside the pool, opened
+// statement (two on MySQL) and no herd. On PostgreSQL an Acquire that has to wait
+// marks the lease row waited for in its failed attempt, and the release of a marked
+// row sends a NOTIFY in its DELETE statement (NOTIFY serialises the commits of the
+// whole database, so a lock nobody waits for does not send one; migration 0006 adds
+// the mark); one shared LISTEN connection per Locker (outside the pool, opened
 // when a waiter first has to wait, closed by Close) wakes the first waiter of each
 // Locker, and a fallback poll (at most the poll interval, or at the holder's expiry
 // as computed by the database) covers lost notifications and dead holders. On MySQL
@@ -224,7 +227,7 @@ func (l *Locker) acquire(ctx context.Context, op, name string, opts []sqllock.Ac
 		OnTransient: func(err error) { l.transient(op, err) },
 		Attempt: func(ctx context.Context) (wait.Result, error) {
 			var err error
-			res, err = l.attempt(ctx, key, name, owner, tm.TTL, reentrant)
+			res, err = l.attempt(ctx, key, name, owner, tm.TTL, reentrant, block)
 			if err == nil && res.ok {
 				res.start, res.ok, err = l.b.Fresh(ctx, res.start, tm.TTL, func(ctx context.Context) (bool, error) {
 					n, err := l.b.Changed(ctx, nil, l.b.Pick(renewPostgres, renewMySQL), renewArgs(l.b.Dialect, key, owner, res.token, tm.TTL)...)
@@ -248,7 +251,7 @@ func (l *Locker) acquire(ctx context.Context, op, name string, opts []sqllock.Ac
 }
 
 // attempt makes one attempt.
-func (l *Locker) attempt(ctx context.Context, key []byte, name string, owner []byte, ttl time.Duration, reentrant bool) (attemptResult, error) {
+func (l *Locker) attempt(ctx context.Context, key []byte, name string, owner []byte, ttl time.Duration, reentrant, block bool) (attemptResult, error) {
 	actx, cancel := l.b.AttemptContext(ctx)
 	defer cancel()
 	us := ttl.Microseconds()
@@ -259,7 +262,7 @@ func (l *Locker) attempt(ctx context.Context, key []byte, name string, owner []b
 			// The grant's clock starts when the statement is sent, not before the
 			// connection was obtained (possibly dialled).
 			res.start = l.b.Now()
-			return conn.QueryRowContext(qctx, acquirePostgres, key, []byte(name), owner, us, reentrant, l.b.Host, l.b.PID).Scan(&tok, &holds, &rem)
+			return conn.QueryRowContext(qctx, acquirePostgres, key, []byte(name), owner, us, reentrant, l.b.Host, l.b.PID, block).Scan(&tok, &holds, &rem)
 		})
 		if errors.Is(err, sql.ErrNoRows) {
 			return attemptResult{}, nil

@@ -89,7 +89,7 @@ func (lb Label) Err(op string, kind, cause error) error {
 
 // NewError is the one constructor of the errors the strategies return: an
 // *sqllock.Error of op on lock name, matching kind (a sentinel, or nil) and cause. A
-// database error saying that a table of the library is missing gets the kind
+// database error saying that a table or column of the library is missing gets the kind
 // sqllock.ErrNotMigrated, which says to run the migrations.
 func NewError(op string, d sqllock.Dialect, name string, kind, cause error) error {
 	if kind == nil && sqlerr.Is(cause, sqlerr.UndefinedTable) {

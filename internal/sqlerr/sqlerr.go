@@ -26,7 +26,7 @@ const (
 	LockTimeout          // lock wait timed out or NOWAIT refused: 55P03, 1205, 3572
 	Canceled             // statement cancelled: 57014, 1317, 3024
 	SessionLost          // the session is gone: killed, closed, cut
-	UndefinedTable       // 42P01, 1146
+	UndefinedTable       // a table or column is missing: 42P01, 42703, 1146, 1054
 )
 
 // Classify returns the class of err.
@@ -47,7 +47,7 @@ func Classify(err error) Class {
 			return LockTimeout
 		case pg.Code == "57014":
 			return Canceled
-		case pg.Code == "42P01":
+		case pg.Code == "42P01", pg.Code == "42703":
 			return UndefinedTable
 		case strings.HasPrefix(pg.Code, "08"), pg.Code == "57P01", pg.Code == "57P02", pg.Code == "57P03", pg.Code == "25P03":
 			// connection exceptions; admin_shutdown (pg_terminate_backend),
@@ -67,7 +67,7 @@ func Classify(err error) Class {
 			return LockTimeout
 		case 1317, 3024:
 			return Canceled
-		case 1146:
+		case 1146, 1054:
 			return UndefinedTable
 		case 1927, 2006, 2013, 1053, 4031:
 			// connection killed, server gone, lost connection, shutdown, idle timeout

@@ -40,6 +40,10 @@ func TestClassifyRealErrors(t *testing.T) {
 		_, err = db.ExecContext(ctx, "SELECT * FROM sqllock_no_such_table")
 		want(t, "missing table", err, sqlerr.UndefinedTable, false)
 
+		// A migration not applied: a column of the library's is missing.
+		_, err = db.ExecContext(ctx, "SELECT no_such_column FROM "+table)
+		want(t, "missing column", err, sqlerr.UndefinedTable, false)
+
 		// A row lock held by one transaction, refused to another with NOWAIT.
 		tx, err := db.BeginTx(ctx, nil)
 		if err != nil {

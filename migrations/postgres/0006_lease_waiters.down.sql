@@ -1,0 +1,1 @@
+ALTER TABLE sqllock_lease DROP COLUMN IF EXISTS waiters;
