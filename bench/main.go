@@ -45,6 +45,7 @@ type config struct {
 	dur, hold    time.Duration
 	rounds       int
 	clients      int
+	distinct     int
 	cells        *regexp.Regexp
 	jsonPath     string
 }
@@ -58,6 +59,7 @@ func main() {
 	flag.DurationVar(&c.dur, "duration", 5*time.Second, "length of each phase of each cell")
 	flag.IntVar(&c.rounds, "rounds", 3, "rounds; every cell runs once per round, ratios are taken within a round")
 	flag.IntVar(&c.clients, "clients", 8, "independent clients in the contended phase")
+	flag.IntVar(&c.distinct, "distinct", 32, "independent clients in the distinct-names phase (0: skip it)")
 	flag.DurationVar(&c.hold, "hold", 100*time.Microsecond, "busy-spin while holding the lock in the contended phases")
 	flag.DurationVar(&rawPoll, "poll", rawPoll, "retry interval of the hand-written polling cells (raw uniqueindex, raw optimistic)")
 	flag.StringVar(&cells, "cells", "", "regexp: run only the cells whose name matches (the floor and raw cells are needed for ratios)")
@@ -97,6 +99,7 @@ type report struct {
 	Duration  string          `json:"phase_duration"`
 	Rounds    int             `json:"rounds"`
 	Clients   int             `json:"clients"`
+	Distinct  int             `json:"distinct_clients"`
 	Hold      string          `json:"hold"`
 	Dialects  []dialectReport `json:"dialects"`
 }
@@ -120,7 +123,7 @@ func run(ctx context.Context, c config, out io.Writer) error {
 	rep := report{
 		Command: commandLine(), Date: time.Now().UTC().Truncate(time.Second), GoVersion: runtime.Version(),
 		NumCPU: runtime.NumCPU(), CPU: cpuModel(), Duration: c.dur.String(), Rounds: c.rounds,
-		Clients: c.clients, Hold: c.hold.String(),
+		Clients: c.clients, Distinct: c.distinct, Hold: c.hold.String(),
 	}
 	var targets []*target
 	for _, x := range []struct {
@@ -181,13 +184,22 @@ func runDialect(ctx context.Context, c config, t *target) (dialectReport, error)
 				{"contended1", phase{clients: 1, hold: c.hold, dur: c.dur}, m.contended1},
 				{"contended", phase{clients: c.clients, hold: c.hold, dur: c.dur}, m.contended},
 			}
+			if c.distinct > 0 {
+				phases = append(phases, struct {
+					kind string
+					ph   phase
+					f    func(phaseResult)
+				}{"distinct", phase{clients: c.distinct, dur: c.dur, distinct: true}, m.distinct})
+			}
 			if cl.floor {
 				phases = phases[:1]
 			}
 			for _, p := range phases {
 				name := fmt.Sprintf("bench/%s/%s/r%d/%d", cl.name, p.kind, r, time.Now().UnixNano())
-				if err := ensureRow(ctx, t.setup, t.d, name); err != nil {
-					return dialectReport{}, err
+				for i := range max(1, p.ph.clients) {
+					if err := ensureRow(ctx, t.setup, t.d, p.ph.clientName(name, i)); err != nil {
+						return dialectReport{}, err
+					}
 				}
 				res, err := p.ph.run(ctx, t, cl, name)
 				if ctx.Err() != nil {
@@ -408,6 +420,8 @@ func writeMarkdown(w io.Writer, rep report) {
 			{"wait p99", mWaitP99, fUs},
 			{"hand-off p50", mHandoffP50, fUs},
 			{"hand-off p99", mHandoffP99, fUs},
+			{fmt.Sprintf("%d distinct acq/s", rep.Distinct), mDist, fInt},
+			{fmt.Sprintf("%d distinct x raw", rep.Distinct), mDistXRaw, fX},
 		}
 		if !peers {
 			cols = slices.DeleteFunc(cols, func(c struct {
@@ -455,7 +469,9 @@ oneway). *1 client acq/s*: one client holding its own name for the hold time eac
 Contended columns: all clients on one name. *min share*: the smallest client's share of
 the acquisitions (100/clients % is fair). *wait*: Acquire call to return. *hand-off*:
 the previous holder's Release returning to the next holder's Acquire returning, for
-acquisitions that were waiting when that Release returned.
+acquisitions that were waiting when that Release returned. *distinct*: that many
+clients at once, each on a name of its own (no contention: what the statements cost when
+many run at once; on PostgreSQL a NOTIFY would serialise their commits).
 `)
 }
 

@@ -19,6 +19,17 @@ type phase struct {
 	clients int           // independent clients, each with its own pool
 	hold    time.Duration // busy-spin while holding the lock
 	dur     time.Duration
+	// distinct gives each client a name of its own (name + "/c" + its index): no
+	// contention, only the statements' own cost under concurrency.
+	distinct bool
+}
+
+// clientName is the name client i takes in a phase on name.
+func (p phase) clientName(name string, i int) string {
+	if p.distinct {
+		return fmt.Sprintf("%s/c%d", name, i)
+	}
+	return name
 }
 
 // sample is one acquisition, in nanoseconds since the phase started.
@@ -72,8 +83,8 @@ func (p phase) run(ctx context.Context, t *target, c cell, name string) (phaseRe
 		}
 		clients = append(clients, cl)
 	}
-	for _, cl := range clients { // warm-up: connections, prepared statements
-		unlock, err := cl.lock(ctx, name)
+	for i, cl := range clients { // warm-up: connections, prepared statements
+		unlock, err := cl.lock(ctx, p.clientName(name, i))
 		if err == nil {
 			err = unlock(ctx)
 		}
@@ -105,7 +116,7 @@ func (p phase) run(ctx context.Context, t *target, c cell, name string) (phaseRe
 			for since() < deadline && err == nil {
 				s := sample{client: i, start: since()}
 				var unlock func(context.Context) error
-				unlock, err = cl.lock(actx, name)
+				unlock, err = cl.lock(actx, p.clientName(name, i))
 				if err != nil {
 					break
 				}
@@ -181,6 +192,8 @@ const (
 	mWaitP99    = "contended_wait_p99_us"
 	mHandoffP50 = "contended_handoff_p50_us"
 	mHandoffP99 = "contended_handoff_p99_us"
+	mDist       = "distinct_acq_per_s"
+	mDistXRaw   = "distinct_x_raw"
 	mErrors     = "errors"
 )
 
@@ -228,6 +241,12 @@ func (m metrics) contended(r phaseResult) {
 	}
 }
 
+// distinct records the phase of many clients on names of their own.
+func (m metrics) distinct(r phaseResult) {
+	m[mDist] = float64(r.acq) / r.elapsed.Seconds()
+	m[mErrors] += float64(len(r.errs))
+}
+
 // ratios sets, within one round, each cell's ratios to its raw cell, its peer and
 // the floor.
 func ratios(cells []cell, round map[string]metrics) {
@@ -254,6 +273,7 @@ func ratios(cells []cell, round map[string]metrics) {
 		if c.raw != "" {
 			ratio(m, mXRaw, round[c.raw], mPairs)
 			ratio(m, mCNXRaw, round[c.raw], mCN)
+			ratio(m, mDistXRaw, round[c.raw], mDist)
 		}
 		if c.peer != "" {
 			ratio(m, mXPeer, round[c.peer], mPairs)
