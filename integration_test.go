@@ -273,7 +273,7 @@ var privileges = map[string]map[sqllock.Dialect][]string{
 		sqllock.MySQL:    {"SELECT, INSERT, UPDATE, DELETE ON sqllock_rowlock"},
 	},
 	"advisory": {
-		sqllock.Postgres: {"SELECT, INSERT, UPDATE ON sqllock_fence"},
+		sqllock.Postgres: {"SELECT, INSERT ON sqllock_epoch", "USAGE ON SEQUENCE sqllock_token_seq"},
 		sqllock.MySQL:    {"SELECT, INSERT, UPDATE ON sqllock_fence"},
 	},
 	"optimistic": {

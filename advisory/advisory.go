@@ -63,9 +63,10 @@ func WithKeepalive(d time.Duration) Option {
 	return func(c *config) error { return c.SetInterval(d) }
 }
 
-// WithoutToken skips the fencing token: Lease.Token returns 0 and Acquire saves the
-// round trip (and, on PostgreSQL, the commit) that bumps the per-name counter in
-// sqllock_fence. Use it when the protected resource does not check tokens.
+// WithoutToken skips the fencing token: Lease.Token returns 0, and Acquire saves on
+// MySQL the statement and commit that bump the per-name counter in sqllock_fence, on
+// PostgreSQL the sequence read in its locking statement. Use it when the protected
+// resource does not check tokens.
 func WithoutToken() Option {
 	return func(c *config) error { c.token = false; return nil }
 }
@@ -129,7 +130,7 @@ func New(db *sql.DB, d sqllock.Dialect, opts ...Option) (*Locker, error) {
 	}
 	return &Locker{db: db, dialect: d, cfg: cfg, st: st,
 		pins:  pin.New(db, d, cfg.Timing.TTL, cfg.Logger, true),
-		pgSQL: pgStatementsFor(),
+		pgSQL: pgStatementsFor(cfg.token),
 	}, nil
 }
 
@@ -363,6 +364,7 @@ func (l *Locker) lock(ctx context.Context, op string, id lockID, wait bool) (*Le
 	}
 	var (
 		sid   int64
+		tok   int64 // PostgreSQL: drawn by the locking statement
 		ok    bool
 		dirty bool // the session may hold the lock in an unknown state: discard it
 	)
@@ -370,7 +372,7 @@ func (l *Locker) lock(ctx context.Context, op string, id lockID, wait bool) (*Le
 	// sent: the server's idle timer (the bound) restarts after it.
 	granted := time.Now()
 	if l.dialect == sqllock.Postgres {
-		sid, ok, dirty, err = l.pgLock(ctx, conn, id, wait)
+		sid, tok, ok, dirty, err = l.pgLock(ctx, conn, id, wait)
 	} else {
 		if id.myName == "" {
 			var ns string
@@ -404,8 +406,7 @@ func (l *Locker) lock(ctx context.Context, op string, id lockID, wait bool) (*Le
 		}
 		return nil, l.errorf(op, id, sqllock.ErrNotAcquired, nil)
 	}
-	var tok int64
-	if l.cfg.token {
+	if l.cfg.token && l.dialect == sqllock.MySQL {
 		granted = time.Now()
 		tok, err = fence.NextAutocommit(ctx, conn, l.dialect, id.name)
 		if err != nil {

@@ -28,9 +28,20 @@ var _ sqllock.Lease = (*Lease)(nil)
 // Name returns the lock name (for AcquireKey, "pg_advisory_lock(<key>)").
 func (le *Lease) Name() string { return le.s.id.name }
 
-// Token returns the fencing token of this acquisition: the per-name counter of
-// sqllock_fence, bumped on the lock's session right after the grant. Reentrant holds
-// of one owner share the token of the first. It is 0 with WithoutToken.
+// Token returns the fencing token of this acquisition, strictly greater than the
+// token of every earlier acquisition of the name, across crashes and restarts of the
+// server. On PostgreSQL it is drawn by the locking statement itself, with no commit
+// of its own: the epoch of the server's run times 2^44 plus the next value of one
+// sequence shared by every name (so tokens are large and not consecutive; each run of
+// the server records its epoch once, with a synchronous commit, in sqllock_epoch,
+// whose rows must never be deleted). On MySQL it is the per-name counter of
+// sqllock_fence, bumped by an autocommit statement on the lock's session right after
+// the grant. Reentrant holds of one owner share the token of the first. It is 0 with
+// WithoutToken.
+//
+// Upgrading from a version that drew PostgreSQL tokens from sqllock_fence: the new
+// tokens are larger than any of those, but replicas still running the old version
+// keep drawing small ones; upgrade every replica before relying on the order.
 func (le *Lease) Token() int64 { return le.s.token }
 
 // SessionID returns the server session that holds the lock: the backend PID on

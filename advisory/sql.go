@@ -4,9 +4,11 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"strconv"
 	"time"
 
+	"github.com/sqllock/sqllock/internal/fence"
 	"github.com/sqllock/sqllock/internal/interrupt"
 )
 
@@ -19,8 +21,15 @@ type pgStatements struct {
 // pgStatementsFor builds the statements. The session's bound (idle_session_timeout:
 // the server ends a session idle for longer; tcp_user_timeout: and one whose client
 // stopped acknowledging) is set by the pin.Pool the connection comes from, once per
-// session it keeps for reuse, not by these statements.
-func pgStatementsFor() (t [2][2]pgStatements) {
+// session it keeps for reuse, not by these statements. With token, the locking
+// statements also draw the fencing token (fence.EpochPostgres), evaluated once the
+// lock is held: no round trip and no commit of its own.
+func pgStatementsFor(token bool) (t [2][2]pgStatements) {
+	tok, tokIfGot := "", ""
+	if token {
+		tok = ", " + fence.EpochPostgres
+		tokIfGot = ", CASE WHEN l.got THEN " + fence.EpochPostgres + " END"
+	}
 	for sh := 0; sh < 2; sh++ {
 		for raw := 0; raw < 2; raw++ {
 			suffix := ""
@@ -32,13 +41,14 @@ func pgStatementsFor() (t [2][2]pgStatements) {
 				args = "($1::int8)"
 			}
 			t[sh][raw] = pgStatements{
-				try:  "SELECT pg_try_advisory_lock" + suffix + args + ", pg_backend_pid()",
-				wait: "SELECT pg_backend_pid() FROM pg_advisory_lock" + suffix + args,
+				// The lock function runs in a subquery, once, before the token.
+				try:  "SELECT l.got, pg_backend_pid()" + tokIfGot + " FROM (SELECT pg_try_advisory_lock" + suffix + args + " AS got) l",
+				wait: "SELECT pg_backend_pid()" + tok + " FROM pg_advisory_lock" + suffix + args,
 				// One row if the lock was held (the caller reads the row count: Exec
 				// starts no goroutine of database/sql's, unlike a query with a context).
 				unlock:  "SELECT 1 WHERE pg_advisory_unlock" + suffix + args,
-				xact:    "SELECT 1 FROM pg_advisory_xact_lock" + suffix + args,
-				tryXact: "SELECT pg_try_advisory_xact_lock" + suffix + args,
+				xact:    "SELECT 1" + tok + " FROM pg_advisory_xact_lock" + suffix + args,
+				tryXact: "SELECT l.got" + tokIfGot + " FROM (SELECT pg_try_advisory_xact_lock" + suffix + args + " AS got) l",
 			}
 		}
 	}
@@ -54,23 +64,41 @@ func b2i(b bool) int {
 
 func (l *Locker) pgStmts(id lockID) *pgStatements { return &l.pgSQL[b2i(l.shared)][b2i(id.raw)] }
 
-// pgLock takes the lock on conn. dirty reports that the session must be discarded.
-func (l *Locker) pgLock(ctx context.Context, conn *sql.Conn, id lockID, wait bool) (sid int64, ok, dirty bool, err error) {
+// pgLock takes the lock on conn and, with tokens, draws the token. dirty reports
+// that the session must be discarded.
+func (l *Locker) pgLock(ctx context.Context, conn *sql.Conn, id lockID, wait bool) (sid, tok int64, ok, dirty bool, err error) {
 	st := l.pgStmts(id)
-	if !wait {
-		var pid int64
-		err = conn.QueryRowContext(ctx, st.try, id.pgArgs()...).Scan(&ok, &pid)
-		return pid, ok, err != nil, err
+	var t sql.NullInt64
+	dest := func(d ...any) []any {
+		if l.cfg.token {
+			return append(d, &t)
+		}
+		return d
 	}
-	// A wait that ctx ends is cancelled on the server (see internal/interrupt): with
-	// pgx by cancel requests; with another driver the connection is broken. After an
-	// error the session is discarded, so that a lock granted at that instant dies
-	// with it.
-	dirty, err = l.interrupter().Run(ctx, interrupt.Target{PgConn: interrupt.PgConn(conn), Label: id.name}, false,
-		func(qctx context.Context) error {
-			return conn.QueryRowContext(qctx, st.wait, id.pgArgs()...).Scan(&sid)
-		})
-	return sid, err == nil, dirty || err != nil, err
+	if !wait {
+		err = conn.QueryRowContext(ctx, st.try, id.pgArgs()...).Scan(dest(&ok, &sid)...)
+		dirty = err != nil
+	} else {
+		// A wait that ctx ends is cancelled on the server (see internal/interrupt):
+		// with pgx by cancel requests; with another driver the connection is broken.
+		// After an error the session is discarded, so that a lock granted at that
+		// instant dies with it.
+		dirty, err = l.interrupter().Run(ctx, interrupt.Target{PgConn: interrupt.PgConn(conn), Label: id.name}, false,
+			func(qctx context.Context) error {
+				return conn.QueryRowContext(qctx, st.wait, id.pgArgs()...).Scan(dest(&sid)...)
+			})
+		ok, dirty = err == nil, dirty || err != nil
+	}
+	if ok && l.cfg.token {
+		tok = t.Int64
+		if !t.Valid { // the server's run has no epoch yet
+			tok, err = fence.NextEpoch(ctx, conn, l.db)
+			if err != nil {
+				return sid, 0, false, true, fmt.Errorf("fencing token: %w", err)
+			}
+		}
+	}
+	return sid, tok, ok, dirty, err
 }
 
 func (l *Locker) interrupter() interrupt.Interrupter {

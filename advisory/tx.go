@@ -17,9 +17,9 @@ import (
 // transaction mode), where session locks do not work, and when the protected writes
 // already run in tx.
 //
-// It returns the fencing token (0 with WithoutToken). The token is bumped by a
-// separate autocommit statement on the Locker's pool, so it stays strictly increasing
-// even if tx rolls back; that costs one pooled connection for one statement.
+// It returns the fencing token (0 with WithoutToken), drawn by the locking statement
+// itself from a sequence (see Lease.Token), which a rollback of tx does not undo: it
+// stays strictly increasing even if tx rolls back.
 //
 // When ctx ends during the wait, pgx breaks tx's connection: tx can then only be
 // rolled back. The error matches sqllock.ErrNotAcquired and ctx.Err(). Nothing is
@@ -56,15 +56,25 @@ func (l *Locker) acquireTx(ctx context.Context, op string, tx *sql.Tx, name stri
 	}
 	st := l.pgStmts(id)
 	var err error
+	var tok sql.NullInt64
+	dest := func(d any) []any {
+		if l.cfg.token {
+			return []any{d, &tok}
+		}
+		return []any{d}
+	}
 	if wait {
 		var one int
-		err = tx.QueryRowContext(ctx, st.xact, id.pgArgs()...).Scan(&one)
+		err = tx.QueryRowContext(ctx, st.xact, id.pgArgs()...).Scan(dest(&one)...)
 	} else {
 		var ok bool
-		err = tx.QueryRowContext(ctx, st.tryXact, id.pgArgs()...).Scan(&ok)
+		err = tx.QueryRowContext(ctx, st.tryXact, id.pgArgs()...).Scan(dest(&ok)...)
 		if err == nil && !ok {
 			return 0, l.errorf(op, id, sqllock.ErrNotAcquired, nil)
 		}
+	}
+	if err == nil && l.cfg.token && !tok.Valid { // the server's run has no epoch yet
+		tok.Int64, err = fence.NextEpoch(ctx, tx, l.db)
 	}
 	if err != nil {
 		if cerr := ctx.Err(); cerr != nil {
@@ -75,15 +85,5 @@ func (l *Locker) acquireTx(ctx context.Context, op string, tx *sql.Tx, name stri
 		}
 		return 0, l.errorf(op, id, nil, err)
 	}
-	if !l.cfg.token {
-		return 0, nil
-	}
-	tok, err := fence.NextAutocommit(ctx, l.db, l.dialect, name)
-	if err != nil {
-		if cerr := ctx.Err(); cerr != nil {
-			return 0, l.errorf(op, id, sqllock.ErrNotAcquired, cerr)
-		}
-		return 0, l.errorf(op, id, nil, err)
-	}
-	return tok, nil
+	return tok.Int64, nil
 }

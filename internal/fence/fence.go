@@ -103,3 +103,55 @@ func Current(ctx context.Context, q Execer, d sqllock.Dialect, name string) (int
 	}
 	return tok, err
 }
+
+// EpochPostgres is the SQL expression of a fencing token that costs no commit of its
+// own, for strategies whose lock is not a row (advisory): the epoch of the server's
+// current run times 2^44, plus the next value of one sequence shared by every name
+// (migration 0007). It is strictly increasing per name across crashes, restarts and
+// failovers to a replica that has every commit: the sequence never goes back while
+// the server runs, and the epoch of a run, committed synchronously before its first
+// token (EnsureEpoch), is larger than every earlier one. It is NULL while the run has
+// no epoch yet: call EnsureEpoch and draw again. Evaluate it after the lock is
+// taken, in the same statement or a later one.
+const EpochPostgres = "(SELECT epoch FROM sqllock_epoch WHERE started = pg_postmaster_start_time()) * 17592186044416 + nextval('sqllock_token_seq')"
+
+// EnsureEpoch records, if it is missing, the epoch of the server's current run: one
+// more than the largest, committed synchronously (even where synchronous_commit is
+// off), so that it is on disk before a token of the run is handed out.
+func EnsureEpoch(ctx context.Context, db *sql.DB) error {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	if _, err := tx.ExecContext(ctx, `SELECT set_config('synchronous_commit', 'on', true)
+WHERE current_setting('synchronous_commit') IN ('off', 'local')`); err != nil {
+		return err
+	}
+	if _, err := tx.ExecContext(ctx, `INSERT INTO sqllock_epoch (started, epoch)
+SELECT pg_postmaster_start_time(), COALESCE(max(epoch), 0) + 1 FROM sqllock_epoch
+ON CONFLICT (started) DO NOTHING`); err != nil {
+		return err
+	}
+	return tx.Commit()
+}
+
+// NextEpoch draws a token (EpochPostgres) on q, recording the run's epoch through db
+// first if it is missing.
+func NextEpoch(ctx context.Context, q Execer, db *sql.DB) (int64, error) {
+	for first := true; ; first = false {
+		var tok sql.NullInt64
+		if err := q.QueryRowContext(ctx, "SELECT "+EpochPostgres).Scan(&tok); err != nil {
+			return 0, err
+		}
+		if tok.Valid {
+			return tok.Int64, nil
+		}
+		if !first {
+			return 0, errors.New("fence: the epoch of the server's run is missing after it was recorded")
+		}
+		if err := EnsureEpoch(ctx, db); err != nil {
+			return 0, err
+		}
+	}
+}
