@@ -204,6 +204,22 @@ func CanRestart(t testing.TB, d sqllock.Dialect) bool {
 	return get(t, d).managed
 }
 
+// Restartable reports whether the test can restart or crash the server of d: true
+// for a container of this package. Against a server given by DSN it logs that the
+// test is not run and returns false; in CI, where every server is a container, it
+// fails the test instead.
+func Restartable(t testing.TB, d sqllock.Dialect) bool {
+	t.Helper()
+	if CanRestart(t, d) {
+		return true
+	}
+	if CI() {
+		t.Fatalf("testdb: the %v server cannot be restarted in CI", d)
+	}
+	t.Logf("the %v server comes from a DSN and cannot be restarted here; not run", d)
+	return false
+}
+
 // Restart stops and starts the container of d, keeping its data. Pools opened before
 // reconnect to it (through the DSN returned by later calls of DSN and Open, if the
 // mapped port changed). It fails the test when the server is not a container of this

@@ -238,11 +238,7 @@ func TestClientClockShift(t *testing.T) {
 // returns; in CI it fails if it cannot restart.
 func TestTokensAcrossRestart(t *testing.T) {
 	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
-		if !testdb.CanRestart(t, d) {
-			if testdb.CI() {
-				t.Fatalf("%v server cannot be restarted in CI", d)
-			}
-			t.Logf("%v server comes from a DSN and cannot be restarted here; not run", d)
+		if !testdb.Restartable(t, d) {
 			return
 		}
 		name := testdb.Name(t)
