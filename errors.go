@@ -2,6 +2,7 @@ package sqllock
 
 import (
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 )
@@ -34,6 +35,14 @@ var (
 	// database: apply the migrations (migrations.Up) first, including those added by
 	// the library version you upgraded to.
 	ErrNotMigrated = errors.New("sqllock: the library's tables are missing: run migrations.Up")
+
+	// ErrUnsupported reports an operation the strategy cannot perform, for example
+	// Leader on a strategy that records no holder (advisory, forupdate). It also
+	// matches the standard library's errors.ErrUnsupported.
+	ErrUnsupported = fmt.Errorf("sqllock: not supported by this strategy: %w", errors.ErrUnsupported)
+
+	// ErrNoHolder reports that nobody holds the lock (Leader, HolderInspector.Holder).
+	ErrNoHolder = errors.New("sqllock: lock has no holder")
 )
 
 // Error is the error type of this module. It records which operation failed, on which

@@ -107,6 +107,22 @@ func (l *Locker) Close() error {
 	return nil
 }
 
+// Holder returns the current holder of name: the lowest live ticket, with the host
+// and pid it records, its number (the token) and when it was drawn (Since: the
+// holder's place in the queue, before its grant), and the time left of its lease, on
+// the database clock. The lowest live ticket may be a waiter whose turn came an
+// instant ago. It sends one read statement and takes no lock. It returns an error
+// matching sqllock.ErrNoHolder when no live ticket exists, and one matching
+// sqllock.ErrUnsupported for a semaphore of more than one permit, which has several
+// holders. See sqllock.HolderInspector and sqllock.Leader.
+func (l *Locker) Holder(ctx context.Context, name string) (sqllock.Holder, error) {
+	if l.permits > 1 {
+		return sqllock.Holder{}, l.b.Errorf("holder", name, sqllock.ErrUnsupported,
+			fmt.Errorf("a semaphore of %d permits has several holders", l.permits))
+	}
+	return l.b.Holder(ctx, name, l.b.Pick(holderPostgres, holderMySQL))
+}
+
 // Acquire draws a ticket for name and waits until it is among the lowest live
 // tickets (the first, for a lock), or until ctx ends, when the ticket is deleted
 // before Acquire returns. See sqllock.Locker. sqllock.WithOwner makes the

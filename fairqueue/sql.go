@@ -127,3 +127,16 @@ SELECT (SELECT count(*) FROM c), (SELECT count(*) FROM d)`
 ORDER BY expires_at LIMIT ?`
 	sweepDeleteMySQL = `DELETE FROM sqllock_ticket WHERE lock_key = ? AND ticket = ? AND expires_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND`
 )
+
+// holder reads the lowest live ticket of a key (Locker.Holder): host, pid, ticket
+// (the token), the ticket's creation in µs since the epoch and its remaining time in
+// µs, database clock. A plain read: it takes no lock. MySQL's DATETIME(6) columns
+// hold UTC.
+const (
+	holderPostgres = `SELECT host, pid, ticket, floor(extract(epoch FROM created_at) * 1000000)::bigint,
+  floor(extract(epoch FROM (expires_at - clock_timestamp())) * 1000000)::bigint
+FROM sqllock_ticket WHERE lock_key = $1 AND expires_at > clock_timestamp() ORDER BY ticket LIMIT 1`
+	holderMySQL = `SELECT host, pid, ticket, TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', created_at),
+  TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at)
+FROM sqllock_ticket WHERE lock_key = ? AND expires_at > UTC_TIMESTAMP(6) ORDER BY ticket LIMIT 1`
+)

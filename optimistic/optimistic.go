@@ -89,6 +89,15 @@ func (l *Locker) Close() error {
 	return nil
 }
 
+// Holder returns the current holder of name: the host, pid, version (the token) and
+// grant time its row records, and the time left of its lease, both on the database
+// clock. It sends one read statement and takes no lock. It returns an error matching
+// sqllock.ErrNoHolder when the row is free or expired. See sqllock.HolderInspector
+// and sqllock.Leader.
+func (l *Locker) Holder(ctx context.Context, name string) (sqllock.Holder, error) {
+	return l.b.Holder(ctx, name, l.b.Pick(holderPostgres, holderMySQL))
+}
+
 // Acquire waits until the lock name is held, or ctx ends. See sqllock.Locker.
 // sqllock.WithOwner makes the acquisition reentrant within this Locker;
 // sqllock.WithLeaseTTL overrides the lease time.

@@ -142,3 +142,16 @@ ON DUPLICATE KEY UPDATE token = GREATEST(sqllock_fence.token, o.version)` // not
 	sweepDeleteMySQL = `DELETE o FROM sqllock_optimistic o FORCE INDEX (PRIMARY)
 WHERE o.expires_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND AND o.lock_key IN (`
 )
+
+// holder reads the row of a key if it is held (Locker.Holder): host, pid, version
+// (the token), the grant time in µs since the epoch and the remaining time in µs,
+// database clock. A free row's expires_at is in the past. A plain read: it takes no
+// lock. MySQL's DATETIME(6) columns hold UTC.
+const (
+	holderPostgres = `SELECT host, pid, version, floor(extract(epoch FROM acquired_at) * 1000000)::bigint,
+  floor(extract(epoch FROM (expires_at - clock_timestamp())) * 1000000)::bigint
+FROM sqllock_optimistic WHERE lock_key = $1 AND holds > 0 AND expires_at > clock_timestamp()`
+	holderMySQL = `SELECT host, pid, version, TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', acquired_at),
+  TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at)
+FROM sqllock_optimistic WHERE lock_key = ? AND holds > 0 AND expires_at > UTC_TIMESTAMP(6)`
+)

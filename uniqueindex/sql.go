@@ -197,3 +197,15 @@ ORDER BY expires_at LIMIT ?`
 	sweepDeleteMySQL = `DELETE l FROM sqllock_lease l FORCE INDEX (PRIMARY)
 WHERE l.expires_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND AND l.lock_key IN (`
 )
+
+// holder reads the live lease row of a key (Locker.Holder): host, pid, token, the
+// grant time in µs since the epoch and the remaining time in µs, database clock. A
+// plain read: it takes no lock. MySQL's DATETIME(6) columns hold UTC.
+const (
+	holderPostgres = `SELECT host, pid, token, floor(extract(epoch FROM acquired_at) * 1000000)::bigint,
+  floor(extract(epoch FROM (expires_at - clock_timestamp())) * 1000000)::bigint
+FROM sqllock_lease WHERE lock_key = $1 AND expires_at > clock_timestamp()`
+	holderMySQL = `SELECT host, pid, token, TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', acquired_at),
+  TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at)
+FROM sqllock_lease WHERE lock_key = ? AND expires_at > UTC_TIMESTAMP(6)`
+)

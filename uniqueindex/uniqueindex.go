@@ -178,6 +178,15 @@ func (l *Locker) Close() error {
 	return nil
 }
 
+// Holder returns the current holder of name: the host, pid, token and grant time
+// its lease row records, and the time left of its lease, both on the database clock.
+// It sends one read statement and takes no lock. It returns an error matching
+// sqllock.ErrNoHolder when no live lease row exists (a row whose expiry has passed
+// is not a holder). See sqllock.HolderInspector and sqllock.Leader.
+func (l *Locker) Holder(ctx context.Context, name string) (sqllock.Holder, error) {
+	return l.b.Holder(ctx, name, l.b.Pick(holderPostgres, holderMySQL))
+}
+
 // exec runs query through the Locker's statement cache (prepared once per Locker on
 // MySQL).
 func (l *Locker) exec(ctx context.Context, query string, args ...any) (sql.Result, error) {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/sqllock/sqllock"
 	"github.com/sqllock/sqllock/internal/lease"
+	"github.com/sqllock/sqllock/internal/namekey"
 	"github.com/sqllock/sqllock/internal/prep"
 	"github.com/sqllock/sqllock/internal/wait"
 )
@@ -275,4 +276,26 @@ func (b *Locker) Fresh(ctx context.Context, start time.Time, ttl time.Duration, 
 		return start, false, err
 	}
 	return again, true, nil
+}
+
+// Holder reads the holder of name with query (the strategy's, chosen by Pick), which
+// takes the lock key and returns one row, or none when the lock is free: host, pid,
+// token, the grant's time in µs since the Unix epoch and the lease's remaining time
+// in µs, both on the database clock. See sqllock.HolderInspector.
+func (b *Locker) Holder(ctx context.Context, name, query string) (sqllock.Holder, error) {
+	if err := sqllock.ValidateName(name); err != nil {
+		return sqllock.Holder{}, err
+	}
+	h := sqllock.Holder{Name: name}
+	var since, left int64
+	err := b.DB.QueryRowContext(ctx, query, namekey.Key(name)).Scan(&h.Host, &h.PID, &h.Token, &since, &left)
+	if err == sql.ErrNoRows {
+		return sqllock.Holder{}, b.Errorf("holder", name, sqllock.ErrNoHolder, nil)
+	}
+	if err != nil {
+		return sqllock.Holder{}, b.Errorf("holder", name, nil, err)
+	}
+	h.Since = time.UnixMicro(since).UTC()
+	h.Remaining = time.Duration(left) * time.Microsecond
+	return h, nil
 }
