@@ -1,6 +1,6 @@
 // Package sqllock defines the vocabulary shared by every lock strategy of this module:
-// the Locker and Lease interfaces, Do, the Dialect of the database, the name rules and
-// the sentinel errors.
+// the Locker and Lease interfaces, Do, leader election (Campaign, Leader), the Dialect
+// of the database, the name rules and the sentinel errors.
 //
 // A lock strategy lives in its own package and needs nothing but the SQL database a
 // service already runs (PostgreSQL, or MySQL/MariaDB):

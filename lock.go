@@ -176,5 +176,23 @@ func (c leaseCtx) Err() error {
 	return c.Context.Err()
 }
 
+// leaseKey is the context key of the lease of a LeaseContext.
+type leaseKey struct{}
+
+func (c leaseCtx) Value(key any) any {
+	if key == (leaseKey{}) {
+		return c.lease
+	}
+	return c.Context.Value(key)
+}
+
+// LeaseFromContext returns the lease of the innermost LeaseContext that ctx derives
+// from: in fn of Do or Campaign, the lease fn runs under, whose Token fences the
+// writes fn makes. It reports false for any other context.
+func LeaseFromContext(ctx context.Context) (Lease, bool) {
+	l, ok := ctx.Value(leaseKey{}).(Lease)
+	return l, ok
+}
+
 // releaseTimeout bounds the Release that Do makes after fn returns.
 const releaseTimeout = 30 * time.Second

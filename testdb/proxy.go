@@ -264,13 +264,8 @@ func serverAddr(d sqllock.Dialect, dsn string) (string, error) {
 // go through a new Proxy, and the Proxy. Both end with the test.
 func OpenProxied(t testing.TB, d sqllock.Dialect) (*sql.DB, *Proxy) {
 	t.Helper()
-	dsn := DSN(t, d)
-	addr, err := serverAddr(d, dsn)
-	if err != nil {
-		t.Fatalf("testdb: server address of %v: %v", d, err)
-	}
-	p := StartProxy(t, addr)
-	db, err := openVia(d, dsn, p.Addr())
+	p := StartProxyTo(t, d)
+	db, err := OpenVia(d, DSN(t, d), p.Addr())
 	if err != nil {
 		t.Fatalf("testdb: open %v through a proxy: %v", d, err)
 	}
@@ -280,6 +275,22 @@ func OpenProxied(t testing.TB, d sqllock.Dialect) (*sql.DB, *Proxy) {
 	})
 	return db, p
 }
+
+// StartProxyTo starts a Proxy to the migrated server of d, stopped when the test
+// ends. With OpenVia, a child process of the test opens its pool through it.
+func StartProxyTo(t testing.TB, d sqllock.Dialect) *Proxy {
+	t.Helper()
+	addr, err := serverAddr(d, DSN(t, d))
+	if err != nil {
+		t.Fatalf("testdb: server address of %v: %v", d, err)
+	}
+	return StartProxy(t, addr)
+}
+
+// OpenVia opens a pool to the server of dsn whose connections go to addr instead (a
+// Proxy's Addr), with a 5 s connect timeout. A child process of a test, which has no
+// testing.TB of the parent's, uses it with the parent's DSN and Proxy.
+func OpenVia(d sqllock.Dialect, dsn, addr string) (*sql.DB, error) { return openVia(d, dsn, addr) }
 
 // openVia opens dsn with its server address replaced by addr.
 func openVia(d sqllock.Dialect, dsn, addr string) (*sql.DB, error) {
