@@ -50,8 +50,8 @@ type HolderInspector interface {
 // terms, or for at most TTL after a leader died), and one matching ErrUnsupported
 // when l does not implement HolderInspector (advisory, forupdate) or cannot tell (a
 // fairqueue semaphore): use a strategy that records its holders, or have the leader
-// publish its identity itself from Campaign's fn. The answer is a snapshot: by the time it is read, the holder
-// may have changed.
+// publish its identity itself from Campaign's fn. The answer is a snapshot: by the
+// time it is read, the holder may have changed.
 func Leader(ctx context.Context, l Locker, name string) (Holder, error) {
 	if err := ValidateName(name); err != nil {
 		return Holder{}, err

@@ -9,6 +9,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"database/sql"
+	"errors"
 	"encoding/binary"
 	"fmt"
 	"os"
@@ -289,7 +290,7 @@ func (b *Locker) Holder(ctx context.Context, name, query string) (sqllock.Holder
 	h := sqllock.Holder{Name: name}
 	var since, left int64
 	err := b.DB.QueryRowContext(ctx, query, namekey.Key(name)).Scan(&h.Host, &h.PID, &h.Token, &since, &left)
-	if err == sql.ErrNoRows {
+	if errors.Is(err, sql.ErrNoRows) {
 		return sqllock.Holder{}, b.Errorf("holder", name, sqllock.ErrNoHolder, nil)
 	}
 	if err != nil {
