@@ -271,6 +271,12 @@ func (l *Locker) errorf(op string, id lockID, kind, err error) error {
 }
 
 func (l *Locker) acquire(ctx context.Context, op string, id lockID, wait bool, opts []sqllock.AcquireOption) (sqllock.Lease, error) {
+	return lease.Observed(ctx, "advisory", l.dialect, id.name, wait, func(ctx context.Context) (sqllock.Lease, error) {
+		return l.acquireLease(ctx, op, id, wait, opts)
+	}, func(le sqllock.Lease) (*lease.Lease, int64) { return le.(*Lease).observed() })
+}
+
+func (l *Locker) acquireLease(ctx context.Context, op string, id lockID, wait bool, opts []sqllock.AcquireOption) (sqllock.Lease, error) {
 	ac, err := sqllock.ApplyAcquireOptions(op, l.dialect, id.name, opts)
 	if err != nil {
 		return nil, err

@@ -288,3 +288,6 @@ func (s *session) unlock(ctx context.Context) (bool, error) {
 	err := s.conn.QueryRowContext(ctx, "SELECT RELEASE_LOCK('"+s.id.myName+"')").Scan(&got)
 	return got.Valid && got.Int64 == 1, err
 }
+
+// observed returns the lease's core and token, for the lease core's telemetry.
+func (le *Lease) observed() (*lease.Lease, int64) { return le.s.core, le.s.token }

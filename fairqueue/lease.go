@@ -186,3 +186,6 @@ func (k keeper) GiveBack(ctx context.Context, lost bool) error {
 	n, err := b.Changed(ctx, nil, b.Pick(releasePostgres, releaseMySQL), t.key, t.number, t.owner)
 	return rowlease.Released(n, err, lost, "the ticket")
 }
+
+// observed returns the lease's core and token, for the lease core's telemetry.
+func (le *Lease) observed() (*lease.Lease, int64) { return le.core, le.Token() }

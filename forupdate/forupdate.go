@@ -230,6 +230,12 @@ func (l *Locker) TryAcquire(ctx context.Context, name string, opts ...sqllock.Ac
 // timeouts are retried. sqllock.WithOwner and sqllock.WithLeaseTTL are not supported: the
 // lock lives as long as its transaction.
 func (l *Locker) Lock(ctx context.Context, name string, opts ...sqllock.AcquireOption) (*Lease, error) {
+	return lease.Observed(ctx, "forupdate", l.dialect, name, true, func(ctx context.Context) (*Lease, error) {
+		return l.lock(ctx, name, opts)
+	}, (*Lease).observed)
+}
+
+func (l *Locker) lock(ctx context.Context, name string, opts []sqllock.AcquireOption) (*Lease, error) {
 	const op = "acquire"
 	if err := l.check(op, name, opts); err != nil {
 		return nil, err
@@ -242,7 +248,7 @@ func (l *Locker) Lock(ctx context.Context, name string, opts ...sqllock.AcquireO
 	default:
 		// Every waiter slot is taken. Try once without waiting: a free name must not
 		// queue behind the waiters of a busy one.
-		lease, err := l.TryLock(ctx, name)
+		lease, err := l.tryLock(ctx, name, nil)
 		if err == nil || !errors.Is(err, sqllock.ErrNotAcquired) || ctx.Err() != nil {
 			return lease, err
 		}
@@ -265,6 +271,12 @@ func (l *Locker) Lock(ctx context.Context, name string, opts ...sqllock.AcquireO
 // (FOR UPDATE NOWAIT) and returns an error matching sqllock.ErrNotAcquired at once if
 // the lock is held. It waits only for a connection from the pool.
 func (l *Locker) TryLock(ctx context.Context, name string, opts ...sqllock.AcquireOption) (*Lease, error) {
+	return lease.Observed(ctx, "forupdate", l.dialect, name, false, func(ctx context.Context) (*Lease, error) {
+		return l.tryLock(ctx, name, opts)
+	}, (*Lease).observed)
+}
+
+func (l *Locker) tryLock(ctx context.Context, name string, opts []sqllock.AcquireOption) (*Lease, error) {
 	const op = "try-acquire"
 	if err := l.check(op, name, opts); err != nil {
 		return nil, err

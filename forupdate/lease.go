@@ -455,3 +455,6 @@ func (s *Lease) run(ctx context.Context, fn func(ctx context.Context, tx *sql.Tx
 	}
 	return s.Release(ectx)
 }
+
+// observed returns the lease's core and token, for the lease core's telemetry.
+func (s *Lease) observed() (*lease.Lease, int64) { return s.core, s.token }

@@ -123,3 +123,6 @@ func (k keeper) GiveBack(ctx context.Context, lost bool) error {
 	}
 	return nil
 }
+
+// observed returns the lease's core and token, for the lease core's telemetry.
+func (le *Lease) observed() (*lease.Lease, int64) { return le.core, le.Token() }

@@ -120,6 +120,12 @@ func (l *Locker) TryAcquire(ctx context.Context, name string, opts ...sqllock.Ac
 }
 
 func (l *Locker) acquire(ctx context.Context, op, name string, opts []sqllock.AcquireOption, block bool) (*Lease, error) {
+	return lease.Observed(ctx, "optimistic", l.b.Dialect, name, block, func(ctx context.Context) (*Lease, error) {
+		return l.acquireLease(ctx, op, name, opts, block)
+	}, (*Lease).observed)
+}
+
+func (l *Locker) acquireLease(ctx context.Context, op, name string, opts []sqllock.AcquireOption, block bool) (*Lease, error) {
 	ac, tm, err := l.b.Prelude(ctx, op, name, opts)
 	if err != nil {
 		return nil, err

@@ -159,3 +159,6 @@ func (le *Lease) delete(ctx context.Context) (int64, error) {
 	}
 	return res.RowsAffected()
 }
+
+// observed returns the lease's core and token, for the lease core's telemetry.
+func (le *Lease) observed() (*lease.Lease, int64) { return le.core, le.Token() }

@@ -118,6 +118,7 @@ type Lease struct {
 	lastOK   time.Time // start of the last successful keep-alive (or of the grant)
 	released bool      // Release was called
 	cleaned  bool      // GiveBack(lost) ran after a loss
+	heldAt   time.Time // MarkHeld: counted as held since (telemetry)
 	timer    *time.Timer
 
 	renewMu sync.Mutex // one keep-alive at a time: the loop's, Refresh's, or Release's give-back
@@ -221,7 +222,7 @@ func (l *Lease) checkDeadline() bool {
 		return true
 	}
 	l.mu.Unlock()
-	l.Lose(fmt.Errorf("no keep-alive succeeded within the lease time (%v) less the safety margin (%v)", l.timing.TTL, l.timing.Margin))
+	l.loseOp("keepalive", "deadline", fmt.Errorf("no keep-alive succeeded within the lease time (%v) less the safety margin (%v)", l.timing.TTL, l.timing.Margin))
 	return false
 }
 
@@ -256,8 +257,9 @@ func (l *Lease) Err() error {
 // Lost reports whether the lease ended as lost.
 func (l *Lease) Lost() bool { return errors.Is(l.Err(), sqllock.ErrLost) }
 
-// end ends the lease with err, once. It reports whether this call ended it.
-func (l *Lease) end(err error) bool {
+// end ends the lease with err, once: why is "" for a release, or the cause of a
+// loss (telemetry). It reports whether this call ended it.
+func (l *Lease) end(err error, why string) bool {
 	l.mu.Lock()
 	if l.err != nil {
 		l.mu.Unlock()
@@ -267,7 +269,9 @@ func (l *Lease) end(err error) bool {
 	if l.timer != nil {
 		l.timer.Stop()
 	}
+	heldAt := l.heldAt
 	l.mu.Unlock()
+	l.ended(heldAt, why)
 	close(l.done)
 	if l.onEnd != nil {
 		l.onEnd()
@@ -278,14 +282,22 @@ func (l *Lease) end(err error) bool {
 // Lose ends the lease as lost with cause (op "keepalive"), logging it once. It
 // reports whether this call ended it.
 func (l *Lease) Lose(cause error) bool {
-	return l.loseOp("keepalive", cause)
+	return l.loseOp("keepalive", "", cause)
 }
 
-func (l *Lease) loseOp(op string, cause error) bool {
+// loseOp ends the lease as lost in op; why is the cause for telemetry ("" to derive
+// it: gone if the database said so, else release or keepalive from op).
+func (l *Lease) loseOp(op, why string, cause error) bool {
 	if g, ok := cause.(goneErr); ok {
 		cause = g.cause // the Kind says it is lost
+		if why == "" {
+			why = "gone"
+		}
 	}
-	if !l.end(l.label.Err(op, sqllock.ErrLost, cause)) {
+	if why == "" {
+		why = op
+	}
+	if !l.end(l.label.Err(op, sqllock.ErrLost, cause), why) {
 		return false
 	}
 	l.log.Warn("sqllock/"+l.label.Strategy+": lock lost", "name", l.label.Name,
@@ -348,7 +360,9 @@ func (l *Lease) keepAlive(parent context.Context) error {
 	}
 	res := make(chan result, 1)
 	go func() {
+		t0 := time.Now()
 		b, err := l.keeper.KeepAlive(ctx)
+		l.renewal(t0, err)
 		res <- result{b, err}
 	}()
 	deadline := time.NewTimer(left)
@@ -516,8 +530,10 @@ func (l *Lease) Refresh(ctx context.Context) error {
 // sqllock.ErrLost if the lease had been lost or turned out lost, and a *sqllock.Error
 // with the cause if the lock could not be given back (the lease ends on the client;
 // the server-enforced bound frees the lock). Later calls return nil.
-func (l *Lease) Release(ctx context.Context) error {
+func (l *Lease) Release(ctx context.Context) (err error) {
 	l.checkDeadline() // a deadline that passed before Release was called counts
+	ctx, span := l.releaseSpan(ctx)
+	defer func() { endSpan(span, err) }()
 	l.mu.Lock()
 	if l.released {
 		l.mu.Unlock()
@@ -543,23 +559,23 @@ func (l *Lease) Release(ctx context.Context) error {
 		return l.Err()
 	}
 	lostBefore := l.Lost()
-	err := l.keeper.GiveBack(gctx, lostBefore)
+	err = l.keeper.GiveBack(gctx, lostBefore)
 	switch {
 	case lostBefore:
 		return l.Err()
 	case errors.Is(err, ErrGone):
-		l.loseOp("release", err)
+		l.loseOp("release", "", err)
 		return l.Err()
 	case err != nil && errors.As(err, new(*sqllock.Error)):
 		// The strategy said precisely what happened.
-		l.end(l.label.Err("release", sqllock.ErrNotHeld, err))
+		l.end(l.label.Err("release", sqllock.ErrNotHeld, err), "")
 		return err
 	case err != nil:
-		l.end(l.label.Err("release", sqllock.ErrNotHeld, err))
+		l.end(l.label.Err("release", sqllock.ErrNotHeld, err), "")
 		return l.label.Err("release", nil, fmt.Errorf(
 			"not given back: the lock stays taken until it expires on the server, at most %v after the last keep-alive: %w", l.timing.TTL, err))
 	}
-	l.end(l.label.Err("release", sqllock.ErrNotHeld, nil))
+	l.end(l.label.Err("release", sqllock.ErrNotHeld, nil), "")
 	return nil
 }
 

@@ -1,0 +1,216 @@
+package sqllock_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+
+	"github.com/sqllock/sqllock"
+	"github.com/sqllock/sqllock/testdb"
+)
+
+// The global providers can be installed once per process: instruments created before
+// take the first one.
+var (
+	telOnce   sync.Once
+	telReader *sdkmetric.ManualReader
+	telSpans  *tracetest.SpanRecorder
+)
+
+func installTelemetry() {
+	telOnce.Do(func() {
+		telReader = sdkmetric.NewManualReader()
+		otel.SetMeterProvider(sdkmetric.NewMeterProvider(sdkmetric.WithReader(telReader)))
+		telSpans = tracetest.NewSpanRecorder()
+		otel.SetTracerProvider(sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(telSpans)))
+	})
+}
+
+// telPoint is a data point of the in-memory reader: a metric's unit, its attributes,
+// and its value (sums) or count (histograms).
+type telPoint struct {
+	unit  string
+	attrs attribute.Set
+	value float64
+}
+
+func collect(t *testing.T) map[string][]telPoint {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	if err := telReader.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	out := map[string][]telPoint{}
+	for _, sm := range rm.ScopeMetrics {
+		if sm.Scope.Name != "github.com/sqllock/sqllock" {
+			continue
+		}
+		for _, m := range sm.Metrics {
+			switch data := m.Data.(type) {
+			case metricdata.Sum[int64]:
+				for _, p := range data.DataPoints {
+					out[m.Name] = append(out[m.Name], telPoint{m.Unit, p.Attributes, float64(p.Value)})
+				}
+			case metricdata.Histogram[float64]:
+				for _, p := range data.DataPoints {
+					out[m.Name] = append(out[m.Name], telPoint{m.Unit, p.Attributes, float64(p.Count)})
+				}
+			}
+		}
+	}
+	return out
+}
+
+// total sums the points of metric whose attributes include every one of want.
+func total(points map[string][]telPoint, metric string, want ...attribute.KeyValue) float64 {
+	var n float64
+	for _, p := range points[metric] {
+		match := true
+		for _, kv := range want {
+			if v, ok := p.attrs.Value(kv.Key); !ok || v != kv.Value {
+				match = false
+			}
+		}
+		if match {
+			n += p.value
+		}
+	}
+	return n
+}
+
+// TestTelemetry installs an in-memory OpenTelemetry metric reader and span recorder
+// and checks, per strategy and database, the metrics of one acquisition, one
+// refused TryAcquire, one Acquire that timed out, one lease lost to a partition and
+// one released: their names, units and counts, the holders and waiters gauges back
+// at zero, and the spans, which carry a hash of the name, never the name.
+func TestTelemetry(t *testing.T) {
+	installTelemetry()
+	wantUnits := map[string]string{
+		"sqllock.acquisitions": "{acquisition}", "sqllock.acquire.duration": "s", "sqllock.hold.duration": "s",
+		"sqllock.losses": "{loss}", "sqllock.holders": "{lease}", "sqllock.waiters": "{call}",
+		"sqllock.renewals": "{renewal}", "sqllock.renewal.duration": "s",
+	}
+	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
+		for _, s := range strategies {
+			t.Run(s.name, func(t *testing.T) {
+				const ttl, ka = 2 * time.Second, 500 * time.Millisecond
+				ctx := testdb.Context(t, 2*time.Minute)
+				pdb, proxy := testdb.OpenProxied(t, d)
+				a := s.timed(t, pdb, d, ttl, ka)
+				b := s.timed(t, testdb.Open(t, d), d, ttl, ka)
+				name := testdb.Name(t, "secret-customer-42")
+				strat := attribute.String("sqllock.strategy", s.name)
+				before := collect(t)
+
+				la, err := a.Acquire(ctx, name)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := b.TryAcquire(ctx, name); !errors.Is(err, sqllock.ErrNotAcquired) {
+					t.Fatalf("TryAcquire of a held lock: %v", err)
+				}
+				short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+				_, err = b.Acquire(short, name)
+				cancel()
+				if !errors.Is(err, sqllock.ErrNotAcquired) {
+					t.Fatalf("Acquire that times out: %v", err)
+				}
+				// A keep-alive succeeds every ka: the renewals counter is the signal.
+				okRenewals := func(points map[string][]telPoint) float64 {
+					return total(points, "sqllock.renewals", strat, attribute.String("sqllock.result", "ok"))
+				}
+				for deadline := time.Now().Add(4 * ka); okRenewals(collect(t)) == okRenewals(before); {
+					if time.Now().After(deadline) {
+						t.Fatalf("no successful renewal counted within %v (keep-alive every %v)", 4*ka, ka)
+					}
+					time.Sleep(10 * time.Millisecond) // polling the counter
+				}
+				proxy.Partition()
+				select {
+				case <-la.Done():
+				case <-time.After(2 * ttl):
+					t.Fatal("the partitioned lease was not lost within twice its TTL")
+				}
+				proxy.Heal()
+				if err := la.Release(ctx); !errors.Is(err, sqllock.ErrLost) {
+					t.Fatalf("Release of the lost lease: %v", err)
+				}
+				lb, err := b.Acquire(ctx, name)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := lb.Release(ctx); err != nil {
+					t.Fatal(err)
+				}
+
+				after := collect(t)
+				for metric, unit := range wantUnits {
+					for _, p := range after[metric] {
+						if p.unit != unit {
+							t.Errorf("%s: unit %q, want %q", metric, p.unit, unit)
+						}
+					}
+				}
+				delta := func(metric string, want ...attribute.KeyValue) float64 {
+					want = append(want, strat, attribute.String("db.system.name", map[sqllock.Dialect]string{
+						sqllock.Postgres: "postgresql", sqllock.MySQL: "mysql"}[d]))
+					return total(after, metric, want...) - total(before, metric, want...)
+				}
+				result := func(r string) attribute.KeyValue { return attribute.String("sqllock.result", r) }
+				for _, c := range []struct {
+					what string
+					got  float64
+					want float64
+				}{
+					{"acquisitions acquired", delta("sqllock.acquisitions", result("acquired")), 2},
+					{"acquisitions not acquired", delta("sqllock.acquisitions", result("not_acquired")), 2},
+					{"acquisitions failed", delta("sqllock.acquisitions", result("error")), 0},
+					{"try_acquire calls", delta("sqllock.acquisitions", attribute.String("sqllock.operation", "try_acquire")), 1},
+					{"acquire durations", delta("sqllock.acquire.duration"), 4},
+					{"losses", delta("sqllock.losses"), 1},
+					{"holds ended lost", delta("sqllock.hold.duration", attribute.String("sqllock.end", "lost")), 1},
+					{"holds ended released", delta("sqllock.hold.duration", attribute.String("sqllock.end", "released")), 1},
+					{"holders now", delta("sqllock.holders"), 0},
+					{"waiters now", delta("sqllock.waiters"), 0},
+				} {
+					if c.got != c.want {
+						t.Errorf("%s: %v, want %v", c.what, c.got, c.want)
+					}
+				}
+				if n := delta("sqllock.renewal.duration"); n != delta("sqllock.renewals") {
+					t.Errorf("renewal durations: %v, renewals %v", n, delta("sqllock.renewals"))
+				}
+
+				spans := map[string]int{}
+				for _, sp := range telSpans.Ended() {
+					mine := false
+					for _, kv := range sp.Attributes() {
+						if kv == strat {
+							mine = true
+						}
+						if kv.Value.AsString() == name {
+							t.Errorf("span %s carries the lock name", sp.Name())
+						}
+					}
+					if mine {
+						spans[sp.Name()]++
+					}
+				}
+				for _, n := range []string{"sqllock.acquire", "sqllock.try_acquire", "sqllock.release"} {
+					if spans[n] == 0 {
+						t.Errorf("no %s span (spans: %v)", n, spans)
+					}
+				}
+			})
+		}
+	})
+}
