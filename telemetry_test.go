@@ -16,6 +16,7 @@ import (
 
 	"github.com/sqllock/sqllock"
 	"github.com/sqllock/sqllock/testdb"
+	"github.com/sqllock/sqllock/uniqueindex"
 )
 
 // The global providers can be installed once per process: instruments created before
@@ -211,6 +212,38 @@ func TestTelemetry(t *testing.T) {
 					}
 				}
 			})
+		}
+	})
+}
+
+// TestTelemetryNames: with WithTelemetryNames the spans carry the lock name itself.
+func TestTelemetryNames(t *testing.T) {
+	installTelemetry()
+	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
+		ctx := testdb.Context(t, time.Minute)
+		l, err := uniqueindex.New(testdb.Open(t, d), d, uniqueindex.WithTelemetryNames())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		name := testdb.Name(t, "visible")
+		le, err := l.Acquire(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := le.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		found := map[string]bool{}
+		for _, sp := range telSpans.Ended() {
+			for _, kv := range sp.Attributes() {
+				if kv == attribute.String("sqllock.name", name) {
+					found[sp.Name()] = true
+				}
+			}
+		}
+		if !found["sqllock.acquire"] || !found["sqllock.release"] {
+			t.Errorf("spans naming the lock: %v, want sqllock.acquire and sqllock.release", found)
 		}
 	})
 }

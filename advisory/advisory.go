@@ -74,6 +74,10 @@ func WithoutToken() Option {
 // WithLogger sets the logger for lost leases and failed releases (default: none).
 func WithLogger(l *slog.Logger) Option { return func(c *config) error { return c.SetLogger(l) } }
 
+// WithTelemetryNames records lock names in the OpenTelemetry spans (default: a hash
+// of the name, since names can carry user data).
+func WithTelemetryNames() Option { return func(c *config) error { return c.SetTelemetryNames() } }
+
 // WithNamespace sets the namespace mixed into the hash of every name: Lockers with
 // different namespaces never exclude each other. The default is DefaultNamespace on
 // PostgreSQL and the current database (DATABASE()) on MySQL. Fencing tokens are
@@ -271,7 +275,7 @@ func (l *Locker) errorf(op string, id lockID, kind, err error) error {
 }
 
 func (l *Locker) acquire(ctx context.Context, op string, id lockID, wait bool, opts []sqllock.AcquireOption) (sqllock.Lease, error) {
-	return lease.Observed(ctx, "advisory", l.dialect, id.name, wait, func(ctx context.Context) (sqllock.Lease, error) {
+	return lease.Observed(ctx, l.cfg.Label("advisory", l.dialect, id.name), wait, func(ctx context.Context) (sqllock.Lease, error) {
 		return l.acquireLease(ctx, op, id, wait, opts)
 	}, func(le sqllock.Lease) (*lease.Lease, int64) { return le.(*Lease).observed() })
 }

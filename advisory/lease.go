@@ -128,7 +128,7 @@ func (l *Locker) startSession(conn *sql.Conn, id lockID, sid, token int64, grant
 	s.core = lease.Prepare(s, lease.Params{
 		Timing:  l.cfg.Timing,
 		Granted: granted,
-		Label:   lease.Label{Strategy: "advisory", Dialect: l.dialect, Name: id.name},
+		Label:   l.cfg.Label("advisory", l.dialect, id.name),
 		Log:     l.cfg.Logger,
 		OnEnd:   s.onEnd,
 	})

@@ -64,6 +64,12 @@ func WithLogger(l *slog.Logger) Option {
 	return func(c *rowlease.Config) error { return c.SetLogger(l) }
 }
 
+// WithTelemetryNames records lock names in the OpenTelemetry spans (default: a hash
+// of the name, since names can carry user data).
+func WithTelemetryNames() Option {
+	return func(c *rowlease.Config) error { return c.SetTelemetryNames() }
+}
+
 // Locker acquires fairqueue locks (or, from NewSemaphore, permits of a counting
 // semaphore). It is safe for concurrent use. Close it when done.
 type Locker struct {
@@ -148,7 +154,7 @@ func (l *Locker) TryAcquire(ctx context.Context, name string, opts ...sqllock.Ac
 }
 
 func (l *Locker) acquire(ctx context.Context, op, name string, opts []sqllock.AcquireOption, block bool) (*Lease, error) {
-	return lease.Observed(ctx, "fairqueue", l.b.Dialect, name, block, func(ctx context.Context) (*Lease, error) {
+	return lease.Observed(ctx, l.b.Cfg.Label("fairqueue", l.b.Dialect, name), block, func(ctx context.Context) (*Lease, error) {
 		return l.acquireLease(ctx, op, name, opts, block)
 	}, (*Lease).observed)
 }

@@ -45,7 +45,7 @@ func (l *Locker) newLease(name string, key, owner []byte, number int64, tm lease
 	t.core = lease.Prepare(keeper{t}, lease.Params{
 		Timing:  tm,
 		Granted: granted,
-		Label:   lease.Label{Strategy: "fairqueue", Dialect: l.b.Dialect, Name: name},
+		Label:   l.b.Cfg.Label("fairqueue", l.b.Dialect, name),
 		Log:     l.b.Cfg.Logger,
 		Now:     l.b.Now,
 		OnEnd: func() {

@@ -114,6 +114,10 @@ func WithoutToken() Option {
 // WithLogger sets the logger for keepalive failures and lost leases. Default: none.
 func WithLogger(l *slog.Logger) Option { return func(c *config) error { return c.SetLogger(l) } }
 
+// WithTelemetryNames records lock names in the OpenTelemetry spans (default: a hash
+// of the name, since names can carry user data).
+func WithTelemetryNames() Option { return func(c *config) error { return c.SetTelemetryNames() } }
+
 // Locker takes forupdate locks on one database. It implements sqllock.Locker; Lock
 // and TryLock return the concrete *Lease, whose Tx is the locking transaction. Build
 // it once with New and share it: it is safe for concurrent use. Close it when done.
@@ -230,7 +234,7 @@ func (l *Locker) TryAcquire(ctx context.Context, name string, opts ...sqllock.Ac
 // timeouts are retried. sqllock.WithOwner and sqllock.WithLeaseTTL are not supported: the
 // lock lives as long as its transaction.
 func (l *Locker) Lock(ctx context.Context, name string, opts ...sqllock.AcquireOption) (*Lease, error) {
-	return lease.Observed(ctx, "forupdate", l.dialect, name, true, func(ctx context.Context) (*Lease, error) {
+	return lease.Observed(ctx, l.cfg.Label("forupdate", l.dialect, name), true, func(ctx context.Context) (*Lease, error) {
 		return l.lock(ctx, name, opts)
 	}, (*Lease).observed)
 }
@@ -271,7 +275,7 @@ func (l *Locker) lock(ctx context.Context, name string, opts []sqllock.AcquireOp
 // (FOR UPDATE NOWAIT) and returns an error matching sqllock.ErrNotAcquired at once if
 // the lock is held. It waits only for a connection from the pool.
 func (l *Locker) TryLock(ctx context.Context, name string, opts ...sqllock.AcquireOption) (*Lease, error) {
-	return lease.Observed(ctx, "forupdate", l.dialect, name, false, func(ctx context.Context) (*Lease, error) {
+	return lease.Observed(ctx, l.cfg.Label("forupdate", l.dialect, name), false, func(ctx context.Context) (*Lease, error) {
 		return l.tryLock(ctx, name, opts)
 	}, (*Lease).observed)
 }

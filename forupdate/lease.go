@@ -56,7 +56,7 @@ func (l *Locker) newLease(name string, key []byte, g grant, conn *sql.Conn, tx *
 	s.core = lease.Prepare(keeper{s}, lease.Params{
 		Timing:  l.cfg.Timing,
 		Granted: granted,
-		Label:   lease.Label{Strategy: "forupdate", Dialect: l.dialect, Name: name},
+		Label:   l.cfg.Label("forupdate", l.dialect, name),
 		Log:     l.cfg.Logger,
 	})
 	s.core.Run()

@@ -138,6 +138,12 @@ func WithLogger(l *slog.Logger) Option {
 	return func(c *rowlease.Config) error { return c.SetLogger(l) }
 }
 
+// WithTelemetryNames records lock names in the OpenTelemetry spans (default: a hash
+// of the name, since names can carry user data).
+func WithTelemetryNames() Option {
+	return func(c *rowlease.Config) error { return c.SetTelemetryNames() }
+}
+
 // Locker acquires uniqueindex leases. It is safe for concurrent use. Close it when
 // done: it stops the PostgreSQL listener. Leases stay valid after Close until they are
 // released.
@@ -223,7 +229,7 @@ type attemptResult struct {
 }
 
 func (l *Locker) acquire(ctx context.Context, op, name string, opts []sqllock.AcquireOption, block bool) (*Lease, error) {
-	return lease.Observed(ctx, "uniqueindex", l.b.Dialect, name, block, func(ctx context.Context) (*Lease, error) {
+	return lease.Observed(ctx, l.b.Cfg.Label("uniqueindex", l.b.Dialect, name), block, func(ctx context.Context) (*Lease, error) {
 		return l.acquireLease(ctx, op, name, opts, block)
 	}, (*Lease).observed)
 }

@@ -80,6 +80,9 @@ type Label struct {
 	Strategy string // "uniqueindex", ...
 	Dialect  sqllock.Dialect
 	Name     string
+	// ExposeName records Name in spans; otherwise they carry a hash of it (names can
+	// carry user data).
+	ExposeName bool
 }
 
 // Err returns the library's error for op on this lease (see NewError).

@@ -16,6 +16,14 @@ import (
 type Config struct {
 	Timing Timing
 	Logger *slog.Logger
+	// TelemetryNames records lock names in spans (default: a hash of the name).
+	TelemetryNames bool
+}
+
+// Label returns the label of a lease of name by strategy on dialect d, under these
+// options.
+func (c *Config) Label(strategy string, d sqllock.Dialect, name string) Label {
+	return Label{Strategy: strategy, Dialect: d, Name: name, ExposeName: c.TelemetryNames}
 }
 
 // SetTTL sets the server-enforced bound of a lease.
@@ -42,6 +50,12 @@ func (c *Config) SetLogger(l *slog.Logger) error {
 		return errors.New("nil logger")
 	}
 	c.Logger = l
+	return nil
+}
+
+// SetTelemetryNames records lock names in spans.
+func (c *Config) SetTelemetryNames() error {
+	c.TelemetryNames = true
 	return nil
 }
 

@@ -42,7 +42,8 @@ const (
 	AttrResult    = "sqllock.result"      // acquired, not_acquired, error; renewals: ok, lost, error
 	AttrCause     = "sqllock.loss.cause"  // gone (the database said so), deadline (no keep-alive in time), release (found lost by Release)
 	AttrEnd       = "sqllock.end"         // released, lost
-	AttrNameHash  = "sqllock.name.sha256" // spans: the first 8 bytes of SHA-256(name), hex; never the name
+	AttrNameHash  = "sqllock.name.sha256" // spans: the first 8 bytes of SHA-256(name), hex
+	AttrName      = "sqllock.name"        // spans, instead of the hash, with the WithTelemetryNames options
 	AttrToken     = "sqllock.token"       // spans: the granted token
 )
 
@@ -98,20 +99,24 @@ func (lb Label) attrs(extra ...attribute.KeyValue) metric.MeasurementOption {
 	}, extra...)...)
 }
 
-// nameHash identifies a lock in spans without its name, which can carry user data.
-func nameHash(name string) string {
-	h := sha256.Sum256([]byte(name))
-	return hex.EncodeToString(h[:8])
+// nameAttr identifies the lock in spans: by a hash of its name, which can carry user
+// data, unless the Locker was told to record names.
+func (lb Label) nameAttr() attribute.KeyValue {
+	if lb.ExposeName {
+		return attribute.String(AttrName, lb.Name)
+	}
+	h := sha256.Sum256([]byte(lb.Name))
+	return attribute.String(AttrNameHash, hex.EncodeToString(h[:8]))
 }
 
-// Observed runs acquire, an acquisition of name by strategy (blocking or not), under
+// Observed runs acquire, an acquisition of the lock lb names (blocking or not), under
 // observation: a span (the context acquire gets carries it), the waiters gauge while
 // a blocking one runs, the acquisitions counter and the acquire duration by result;
 // a granted lease counts as held (Lease.MarkHeld) until it ends. held returns a
 // granted lease's core and token.
-func Observed[L any](ctx context.Context, strategy string, d sqllock.Dialect, name string, block bool,
+func Observed[L any](ctx context.Context, lb Label, block bool,
 	acquire func(context.Context) (L, error), held func(L) (*Lease, int64)) (L, error) {
-	ctx, a := startAcquisition(ctx, strategy, d, name, block)
+	ctx, a := startAcquisition(ctx, lb, block)
 	le, err := acquire(ctx)
 	if err != nil {
 		a.end(nil, 0, err)
@@ -131,17 +136,16 @@ type acquisition struct {
 	span  trace.Span
 }
 
-// startAcquisition begins the observation of an acquisition of name by strategy (op
-// "acquire" when it waits, "try_acquire" otherwise). The returned context carries
-// its span.
-func startAcquisition(ctx context.Context, strategy string, d sqllock.Dialect, name string, block bool) (context.Context, *acquisition) {
-	a := &acquisition{label: Label{Strategy: strategy, Dialect: d, Name: name}, op: "try_acquire", block: block, start: time.Now()}
+// startAcquisition begins the observation of an acquisition (op "acquire" when it
+// waits, "try_acquire" otherwise). The returned context carries its span.
+func startAcquisition(ctx context.Context, lb Label, block bool) (context.Context, *acquisition) {
+	a := &acquisition{label: lb, op: "try_acquire", block: block, start: time.Now()}
 	if block {
 		a.op = "acquire"
 	}
 	ctx, a.span = tel.tracer.Start(ctx, "sqllock."+a.op, trace.WithSpanKind(trace.SpanKindClient),
-		trace.WithAttributes(attribute.String(AttrStrategy, strategy), attribute.String(AttrDBSystem, dbSystem(d)),
-			attribute.String(AttrNameHash, nameHash(name))))
+		trace.WithAttributes(attribute.String(AttrStrategy, lb.Strategy), attribute.String(AttrDBSystem, dbSystem(lb.Dialect)),
+			lb.nameAttr()))
 	if block {
 		tel.waiters.Add(ctx, 1, a.label.attrs())
 	}
@@ -220,7 +224,7 @@ func (l *Lease) renewal(start time.Time, err error) {
 func (l *Lease) releaseSpan(ctx context.Context) (context.Context, trace.Span) {
 	return tel.tracer.Start(ctx, "sqllock.release", trace.WithSpanKind(trace.SpanKindClient),
 		trace.WithAttributes(attribute.String(AttrStrategy, l.label.Strategy), attribute.String(AttrDBSystem, dbSystem(l.label.Dialect)),
-			attribute.String(AttrNameHash, nameHash(l.label.Name))))
+			l.label.nameAttr()))
 }
 
 // endSpan ends span, with an error status if err is not nil.

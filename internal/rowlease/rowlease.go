@@ -246,7 +246,7 @@ func (b *Locker) StartLease(k lease.Keeper, tm lease.Timing, name string, key []
 	return lease.Prepare(k, lease.Params{
 		Timing:  tm,
 		Granted: granted,
-		Label:   lease.Label{Strategy: b.Strategy, Dialect: b.Dialect, Name: name},
+		Label:   b.Cfg.Label(b.Strategy, b.Dialect, name),
 		Log:     b.Cfg.Logger,
 		Now:     b.Now,
 		OnEnd: func() {
