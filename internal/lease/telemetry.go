@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"sync"
 	"time"
 
 	"go.opentelemetry.io/otel"
@@ -93,11 +94,32 @@ func dbSystem(d sqllock.Dialect) string {
 	return "postgresql"
 }
 
-func (lb Label) attrs(extra ...attribute.KeyValue) metric.MeasurementOption {
-	return metric.WithAttributes(append([]attribute.KeyValue{
-		attribute.String(AttrStrategy, lb.Strategy), attribute.String(AttrDBSystem, dbSystem(lb.Dialect)),
-	}, extra...)...)
+// attrs returns the measurement option of the label's strategy and database plus
+// the given key/value pairs (at most two), built once per combination: recording a
+// measurement then allocates nothing, which matters most when no SDK is installed.
+func (lb Label) attrs(kv ...string) metric.MeasurementOption {
+	k := attrKey{strategy: lb.Strategy, dialect: lb.Dialect}
+	copy(k.kv[:], kv)
+	if o, ok := attrCache.Load(k); ok {
+		return o.(metric.MeasurementOption)
+	}
+	list := []attribute.KeyValue{attribute.String(AttrStrategy, lb.Strategy), attribute.String(AttrDBSystem, dbSystem(lb.Dialect))}
+	for i := 0; i+1 < len(kv); i += 2 {
+		list = append(list, attribute.String(kv[i], kv[i+1]))
+	}
+	o, _ := attrCache.LoadOrStore(k, metric.WithAttributeSet(attribute.NewSet(list...)))
+	return o.(metric.MeasurementOption)
 }
+
+type attrKey struct {
+	strategy string
+	dialect  sqllock.Dialect
+	kv       [4]string
+}
+
+// attrCache holds the measurement options by attrKey: a few dozen at most (strategies
+// x databases x the attribute values, all constants of this package).
+var attrCache sync.Map
 
 // nameAttr identifies the lock in spans: by a hash of its name, which can carry user
 // data, unless the Locker was told to record names.
@@ -143,9 +165,7 @@ func startAcquisition(ctx context.Context, lb Label, block bool) (context.Contex
 	if block {
 		a.op = "acquire"
 	}
-	ctx, a.span = tel.tracer.Start(ctx, "sqllock."+a.op, trace.WithSpanKind(trace.SpanKindClient),
-		trace.WithAttributes(attribute.String(AttrStrategy, lb.Strategy), attribute.String(AttrDBSystem, dbSystem(lb.Dialect)),
-			lb.nameAttr()))
+	ctx, a.span = lb.startSpan(ctx, "sqllock."+a.op)
 	if block {
 		tel.waiters.Add(ctx, 1, a.label.attrs())
 	}
@@ -162,16 +182,20 @@ func (a *acquisition) end(core *Lease, token int64, err error) {
 	switch {
 	case err == nil:
 		core.MarkHeld()
-		a.span.SetAttributes(attribute.Int64(AttrToken, token))
+		if a.span.IsRecording() {
+			a.span.SetAttributes(attribute.Int64(AttrToken, token))
+		}
 	case errors.Is(err, sqllock.ErrNotAcquired):
 		result = "not_acquired"
 	default:
 		result = "error"
 	}
-	attrs := a.label.attrs(attribute.String(AttrOperation, a.op), attribute.String(AttrResult, result))
+	attrs := a.label.attrs(AttrOperation, a.op, AttrResult, result)
 	tel.acquisitions.Add(ctx, 1, attrs)
 	tel.acquireDur.Record(ctx, time.Since(a.start).Seconds(), attrs)
-	a.span.SetAttributes(attribute.String(AttrResult, result))
+	if a.span.IsRecording() {
+		a.span.SetAttributes(attribute.String(AttrResult, result))
+	}
 	if result == "not_acquired" {
 		err = nil // an answer, not a failure
 	}
@@ -200,10 +224,10 @@ func (l *Lease) ended(heldAt time.Time, why string) {
 	end := "released"
 	if why != "" {
 		end = "lost"
-		tel.losses.Add(ctx, 1, l.label.attrs(attribute.String(AttrCause, why)))
+		tel.losses.Add(ctx, 1, l.label.attrs(AttrCause, why))
 	}
 	tel.holders.Add(ctx, -1, l.label.attrs())
-	tel.holdDur.Record(ctx, time.Since(heldAt).Seconds(), l.label.attrs(attribute.String(AttrEnd, end)))
+	tel.holdDur.Record(ctx, time.Since(heldAt).Seconds(), l.label.attrs(AttrEnd, end))
 }
 
 // renewal records one keep-alive that started at start.
@@ -215,21 +239,29 @@ func (l *Lease) renewal(start time.Time, err error) {
 	case err != nil:
 		result = "error"
 	}
-	attrs := l.label.attrs(attribute.String(AttrResult, result))
+	attrs := l.label.attrs(AttrResult, result)
 	tel.renewals.Add(context.Background(), 1, attrs)
 	tel.renewDur.Record(context.Background(), time.Since(start).Seconds(), attrs)
 }
 
 // releaseSpan starts the span of a Release.
 func (l *Lease) releaseSpan(ctx context.Context) (context.Context, trace.Span) {
-	return tel.tracer.Start(ctx, "sqllock.release", trace.WithSpanKind(trace.SpanKindClient),
-		trace.WithAttributes(attribute.String(AttrStrategy, l.label.Strategy), attribute.String(AttrDBSystem, dbSystem(l.label.Dialect)),
-			l.label.nameAttr()))
+	return l.label.startSpan(ctx, "sqllock.release")
+}
+
+// startSpan starts a client span of the label's lock; its attributes are built only
+// if the span records (an SDK is installed and samples it).
+func (lb Label) startSpan(ctx context.Context, name string) (context.Context, trace.Span) {
+	ctx, span := tel.tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindClient))
+	if span.IsRecording() {
+		span.SetAttributes(attribute.String(AttrStrategy, lb.Strategy), attribute.String(AttrDBSystem, dbSystem(lb.Dialect)), lb.nameAttr())
+	}
+	return ctx, span
 }
 
 // endSpan ends span, with an error status if err is not nil.
 func endSpan(span trace.Span, err error) {
-	if err != nil {
+	if err != nil && span.IsRecording() {
 		span.RecordError(err)
 		span.SetStatus(codes.Error, err.Error())
 	}
