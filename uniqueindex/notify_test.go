@@ -113,3 +113,64 @@ func TestNotifyOnlyWhenWaited(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestWaiterWokenWhileHolderCycles: a holder that releases and at once acquires again
+// (a hot loop in another process) must not starve a waiter whose polling is too slow
+// to matter (10 minutes): every release must wake it, which needs the waiter's mark
+// on the holder's current row, not on a row of the waiter's snapshot that the holder
+// already replaced.
+func TestWaiterWokenWhileHolderCycles(t *testing.T) {
+	d := sqllock.Postgres
+	ctx := testdb.Context(t, 2*time.Minute)
+	newLocker := func() *uniqueindex.Locker {
+		l, err := uniqueindex.New(testdb.Open(t, d), d, uniqueindex.WithPollInterval(10*time.Minute))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { l.Close() })
+		return l
+	}
+	hot, waiter := newLocker(), newLocker()
+	name := testdb.Name(t)
+	stop := make(chan struct{})
+	cycles := make(chan int, 1)
+	go func() {
+		n := 0
+		defer func() { cycles <- n }()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			le, err := hot.Acquire(ctx, name)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			for t0 := time.Now(); time.Since(t0) < 200*time.Microsecond; { // the critical section
+			}
+			if err := le.Release(ctx); err != nil {
+				t.Error(err)
+				return
+			}
+			n++
+		}
+	}()
+	start := time.Now()
+	const rounds = 20
+	for i := range rounds {
+		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		le, err := waiter.Acquire(wctx, name)
+		cancel()
+		if err != nil {
+			close(stop)
+			t.Fatalf("round %d: the waiter did not get the lock in 10 s while the holder cycled (%d cycles): %v", i, <-cycles, err)
+		}
+		if err := le.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	close(stop)
+	t.Logf("the waiter got the lock %d times in %v while the holder cycled %d times", rounds, time.Since(start), <-cycles)
+}

@@ -22,10 +22,14 @@ const (
 	// mix the takeover and reentry branches. A live row of the same owner is this
 	// acquisition's own (owners are unique per acquisition, or the reentrant key): a
 	// reentrant acquisition ($5) adds a hold, a retry after a lost reply adopts it.
-	// An attempt of an Acquire ($8) that finds the lease held marks it waited for (w),
-	// so that its release notifies; a takeover clears the mark. The mark is written
-	// under the row lock the release's DELETE takes too: a release either sees it or
-	// comes first, and then the attempt finds no row to wait for.
+	// An attempt of an Acquire ($8) that finds the lease held by another owner marks
+	// it waited for, in the same ON CONFLICT update (which sees the latest row, not
+	// the statement's snapshot: a holder that released and re-acquired meanwhile has
+	// a new row, and that is the one to mark), changing nothing else, so that its
+	// release notifies; the update is skipped if the row is marked already, and a
+	// takeover clears the mark. The mark is written under the row lock the release's
+	// DELETE takes too: a release either sees it or comes first, and then the attempt
+	// finds no row to wait for. granted tells a grant from a mark.
 	//
 	// $1 key, $2 name, $3 owner, $4 TTL µs, $5 reentrant, $6 host, $7 pid, $8 will wait.
 	acquirePostgres = `WITH f AS (
@@ -37,21 +41,22 @@ const (
   SELECT $1, $2, $3, 1, f.token, n.t, n.t + $4::bigint * interval '1 microsecond', $6, $7
     FROM f, (SELECT clock_timestamp() AS t) n
   ON CONFLICT (lock_key) DO UPDATE SET
-    holds       = CASE WHEN l.expires_at <= excluded.acquired_at THEN 1 WHEN $5::boolean THEN l.holds + 1 ELSE l.holds END,
+    holds       = CASE WHEN l.expires_at <= excluded.acquired_at THEN 1 WHEN l.owner <> excluded.owner THEN l.holds
+                       WHEN $5::boolean THEN l.holds + 1 ELSE l.holds END,
     token       = CASE WHEN l.expires_at <= excluded.acquired_at THEN excluded.token ELSE l.token END,
     acquired_at = CASE WHEN l.expires_at <= excluded.acquired_at THEN excluded.acquired_at ELSE l.acquired_at END,
-    owner       = excluded.owner,
-    host        = excluded.host,
-    pid         = excluded.pid,
-    expires_at  = GREATEST(l.expires_at, excluded.expires_at),
-    waiters     = CASE WHEN l.expires_at <= excluded.acquired_at THEN false ELSE l.waiters END
-  WHERE l.expires_at <= excluded.acquired_at OR l.owner = excluded.owner
-  RETURNING l.token, l.holds
-), w AS (
-  UPDATE sqllock_lease SET waiters = true
-  WHERE lock_key = $1 AND $8::boolean AND NOT waiters AND NOT EXISTS (SELECT 1 FROM ins)
+    owner       = CASE WHEN l.expires_at <= excluded.acquired_at OR l.owner = excluded.owner THEN excluded.owner ELSE l.owner END,
+    host        = CASE WHEN l.expires_at <= excluded.acquired_at OR l.owner = excluded.owner THEN excluded.host ELSE l.host END,
+    pid         = CASE WHEN l.expires_at <= excluded.acquired_at OR l.owner = excluded.owner THEN excluded.pid ELSE l.pid END,
+    expires_at  = CASE WHEN l.expires_at <= excluded.acquired_at OR l.owner = excluded.owner
+                       THEN GREATEST(l.expires_at, excluded.expires_at) ELSE l.expires_at END,
+    waiters     = CASE WHEN l.expires_at <= excluded.acquired_at THEN false WHEN l.owner = excluded.owner THEN l.waiters ELSE true END
+  WHERE l.expires_at <= excluded.acquired_at OR l.owner = excluded.owner OR ($8::boolean AND NOT l.waiters)
+  RETURNING l.token, l.holds, l.owner = $3 AS granted, l.expires_at
 )
-SELECT token, holds, 0::bigint FROM ins
+SELECT token, holds, 0::bigint FROM ins WHERE granted
+UNION ALL
+SELECT 0, 0, GREATEST(0, floor(extract(epoch FROM (expires_at - clock_timestamp())) * 1000000))::bigint FROM ins WHERE NOT granted
 UNION ALL
 SELECT 0, 0, GREATEST(0, floor(extract(epoch FROM (expires_at - clock_timestamp())) * 1000000))::bigint
   FROM sqllock_lease WHERE lock_key = $1 AND NOT EXISTS (SELECT 1 FROM ins)`
