@@ -36,12 +36,9 @@ const (
 // stdin closes, and prints "EXIT" and Campaign's error. Without the replica
 // environment it returns at once.
 func TestHelperCampaignReplica(t *testing.T) {
-	if os.Getenv(replicaEnv) == "" {
+	d, ok := testdb.ChildDialect(replicaEnv)
+	if !ok {
 		return
-	}
-	d := sqllock.Postgres
-	if os.Getenv(replicaEnv) == "mysql" {
-		d = sqllock.MySQL
 	}
 	fail := func(err error) { fmt.Println("ERR", err); os.Exit(2) }
 	db, err := testdb.OpenVia(d, os.Getenv(replicaDSNEnv), os.Getenv(replicaAddrEnv))

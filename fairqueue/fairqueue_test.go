@@ -339,12 +339,9 @@ SELECT ?, LAST_INSERT_ID(q.next_ticket), ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) +
 // "hold" acquires once and prints "HELD TOKEN" then blocks; "wait" starts an Acquire
 // and prints "WAITING" once its ticket is drawn (it is then killed).
 func TestHelperQueueChild(t *testing.T) {
-	if os.Getenv(childEnv) == "" {
+	d, ok := testdb.ChildDialect(childEnv)
+	if !ok {
 		return
-	}
-	d := sqllock.Postgres
-	if os.Getenv(childEnv) == "mysql" {
-		d = sqllock.MySQL
 	}
 	db, err := sql.Open(testdb.DriverName(d), os.Getenv(childDSNEnv))
 	if err != nil {

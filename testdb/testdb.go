@@ -204,6 +204,19 @@ func CanRestart(t testing.TB, d sqllock.Dialect) bool {
 	return get(t, d).managed
 }
 
+// ChildDialect reads the dialect that a test passed to its child process (the test
+// binary run again for one helper test) in the environment variable env, as
+// Dialect.String spells it; ok is false in a process that is not such a child.
+func ChildDialect(env string) (d sqllock.Dialect, ok bool) {
+	switch os.Getenv(env) {
+	case "":
+		return 0, false
+	case sqllock.MySQL.String():
+		return sqllock.MySQL, true
+	}
+	return sqllock.Postgres, true
+}
+
 // Restartable reports whether the test can restart or crash the server of d: true
 // for a container of this package. Against a server given by DSN it logs that the
 // test is not run and returns false; in CI, where every server is a container, it

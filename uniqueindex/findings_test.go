@@ -556,12 +556,9 @@ const frozenEnv = "SQLLOCK_UNIQUEINDEX_HELPER_FROZEN"
 // from stdin at once with the lease's Err: "HELD", "LOST <err>" or "OTHER <err>".
 // Without the helper environment it returns at once.
 func TestHelperFrozenHolder(t *testing.T) {
-	if os.Getenv(helperEnv) == "" || os.Getenv(frozenEnv) == "" {
+	d, ok := testdb.ChildDialect(helperEnv)
+	if !ok || os.Getenv(frozenEnv) == "" {
 		return
-	}
-	d := sqllock.Postgres
-	if os.Getenv(helperEnv) == "mysql" {
-		d = sqllock.MySQL
 	}
 	db, err := sql.Open(testdb.DriverName(d), os.Getenv(helperDSNEnv))
 	if err != nil {

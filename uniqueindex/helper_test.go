@@ -29,12 +29,9 @@ const (
 // with a 2s TTL, prints its token and blocks until it is killed. Without the helper
 // environment it returns at once.
 func TestHelperHolder(t *testing.T) {
-	if os.Getenv(helperEnv) == "" {
+	d, ok := testdb.ChildDialect(helperEnv)
+	if !ok {
 		return
-	}
-	d := sqllock.Postgres
-	if os.Getenv(helperEnv) == "mysql" {
-		d = sqllock.MySQL
 	}
 	db, err := sql.Open(testdb.DriverName(d), os.Getenv(helperDSNEnv))
 	if err != nil {

@@ -22,15 +22,7 @@ import (
 func TestNotifyOnlyWhenWaited(t *testing.T) {
 	d := sqllock.Postgres
 	ctx := testdb.Context(t, 2*time.Minute)
-	newLocker := func() *uniqueindex.Locker {
-		l, err := uniqueindex.New(testdb.Open(t, d), d, uniqueindex.WithPollInterval(10*time.Minute))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { l.Close() })
-		return l
-	}
-	holderL, waiterL := newLocker(), newLocker()
+	holderL, waiterL := slowPollLocker(t), slowPollLocker(t)
 	admin := testdb.Open(t, d)
 	quiet, waited := testdb.Name(t, "quiet"), testdb.Name(t, "waited")
 
@@ -120,17 +112,8 @@ func TestNotifyOnlyWhenWaited(t *testing.T) {
 // on the holder's current row, not on a row of the waiter's snapshot that the holder
 // already replaced.
 func TestWaiterWokenWhileHolderCycles(t *testing.T) {
-	d := sqllock.Postgres
 	ctx := testdb.Context(t, 2*time.Minute)
-	newLocker := func() *uniqueindex.Locker {
-		l, err := uniqueindex.New(testdb.Open(t, d), d, uniqueindex.WithPollInterval(10*time.Minute))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { l.Close() })
-		return l
-	}
-	hot, waiter := newLocker(), newLocker()
+	hot, waiter := slowPollLocker(t), slowPollLocker(t)
 	name := testdb.Name(t)
 	stop := make(chan struct{})
 	cycles := make(chan int, 1)
@@ -173,4 +156,16 @@ func TestWaiterWokenWhileHolderCycles(t *testing.T) {
 	}
 	close(stop)
 	t.Logf("the waiter got the lock %d times in %v while the holder cycled %d times", rounds, time.Since(start), <-cycles)
+}
+
+// slowPollLocker is a PostgreSQL Locker (a pool of its own, as another process has)
+// whose waiters poll every 10 minutes: only a NOTIFY wakes them in a test's time.
+func slowPollLocker(t *testing.T) *uniqueindex.Locker {
+	d := sqllock.Postgres
+	l, err := uniqueindex.New(testdb.Open(t, d), d, uniqueindex.WithPollInterval(10*time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return l
 }
