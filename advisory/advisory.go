@@ -50,8 +50,7 @@ type config struct {
 // WithTTL sets the server-enforced bound of a held lock's session (DefaultTTL): the
 // session's idle timeout on the server (idle_session_timeout and tcp_user_timeout on
 // PostgreSQL 14+; wait_timeout and net_write_timeout on MySQL, in whole seconds,
-// rounded up), set on the session when the Locker takes it from the pool and put back
-// before it returns there. It must
+// rounded up), set while the lock is held and put back when it is released. It must
 // be at least twice the keep-alive interval.
 func WithTTL(d time.Duration) Option { return func(c *config) error { return c.SetTTL(d) } }
 
@@ -133,8 +132,8 @@ func New(db *sql.DB, d sqllock.Dialect, opts ...Option) (*Locker, error) {
 		st.ns = cfg.namespace
 	}
 	return &Locker{db: db, dialect: d, cfg: cfg, st: st,
-		pins:  pin.New(db, d, cfg.Timing.TTL, cfg.Logger, true),
-		pgSQL: pgStatementsFor(cfg.token),
+		pins:  pin.New(db, d, cfg.Timing.TTL, cfg.Logger),
+		pgSQL: pgStatementsFor(cfg.Timing.TTL, cfg.token),
 	}, nil
 }
 

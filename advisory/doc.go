@@ -14,9 +14,8 @@
 //
 // While it holds a lock, the session carries a bound the server enforces: it is ended
 // by the server once it has been idle for the Locker's TTL (DefaultTTL, see WithTTL;
-// idle_session_timeout and tcp_user_timeout on PostgreSQL 14 and later;
-// wait_timeout and net_write_timeout on MySQL, in whole seconds; set by one statement
-// when the Locker takes the session from the pool),
+// idle_session_timeout and tcp_user_timeout on PostgreSQL 14 and later, set in the
+// locking statement; wait_timeout and net_write_timeout on MySQL, in whole seconds),
 // which frees the lock. A keep-alive runs a statement on the session every keep-alive
 // interval (DefaultKeepalive), which restarts that idle timer, and compares its
 // session id (pg_backend_pid(), CONNECTION_ID()) with the one captured in the locking
@@ -24,10 +23,9 @@
 // TTL less a safety margin (TTL/5), on the client's clock, the lease ends with
 // sqllock.ErrLost: a holder cut off from the server is told before the server frees
 // the lock, and a dead holder's lock is free within the TTL, not when TCP gives up
-// hours later. The settings are put back before the session returns to the pool:
-// the Locker keeps a few configured sessions for a moment (at most TTL/4 and 2 s,
-// never while the pool is short) to reuse them, so back-to-back locks cost the bare
-// lock statements (Close returns them).
+// hours later. The settings are put back when the lock is released (on PostgreSQL in
+// the unlock statement: no round trip is added); on MySQL the Locker keeps a few
+// configured sessions for a moment to reuse them (Close returns them).
 //
 // If the session is killed from outside (an operator's KILL, pg_terminate_backend,
 // a server restart), the server frees the lock at once, and the holder learns it

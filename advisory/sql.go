@@ -10,6 +10,7 @@ import (
 
 	"github.com/sqllock/sqllock/internal/fence"
 	"github.com/sqllock/sqllock/internal/interrupt"
+	"github.com/sqllock/sqllock/internal/pin"
 )
 
 // pgStatements holds the SQL of one PostgreSQL mode (exclusive or shared) and key form
@@ -18,13 +19,21 @@ type pgStatements struct {
 	try, wait, unlock, xact, tryXact string
 }
 
-// pgStatementsFor builds the statements. The session's bound (idle_session_timeout:
-// the server ends a session idle for longer; tcp_user_timeout: and one whose client
-// stopped acknowledging) is set by the pin.Pool the connection comes from, once per
-// session it keeps for reuse, not by these statements. With token, the locking
-// statements also draw the fencing token (fence.EpochPostgres), evaluated once the
-// lock is held: no round trip and no commit of its own.
-func pgStatementsFor(token bool) (t [2][2]pgStatements) {
+// pgStatementsFor builds the statements of a Locker whose sessions are bounded by
+// ttl. A granted session lock also sets the session's bound in the same statement
+// (idle_session_timeout: the server ends a session idle for longer; tcp_user_timeout:
+// and one whose client stopped acknowledging), and the unlock puts them back: no
+// round trip is added to the bare lock statements, whether the session is fresh from
+// the pool or not. With token, the locking statements also draw the fencing token
+// (fence.EpochPostgres), evaluated once the lock is held: no round trip and no
+// commit of its own.
+func pgStatementsFor(ttl time.Duration, token bool) (t [2][2]pgStatements) {
+	ms := "'" + pin.Millis(ttl) + "'"
+	setIdle := "set_config('idle_session_timeout', " + ms + ", false)"
+	setTCP := "set_config('tcp_user_timeout', " + ms + ", false)"
+	// set_config with a NULL value is a RESET: the session's default comes back (a
+	// lookup in pg_settings instead costs half a millisecond each).
+	reset := "set_config('idle_session_timeout', NULL, false), set_config('tcp_user_timeout', NULL, false)"
 	tok, tokIfGot := "", ""
 	if token {
 		tok = ", " + fence.EpochPostgres
@@ -41,12 +50,14 @@ func pgStatementsFor(token bool) (t [2][2]pgStatements) {
 				args = "($1::int8)"
 			}
 			t[sh][raw] = pgStatements{
-				// The lock function runs in a subquery, once, before the token.
-				try:  "SELECT l.got, pg_backend_pid()" + tokIfGot + " FROM (SELECT pg_try_advisory_lock" + suffix + args + " AS got) l",
-				wait: "SELECT pg_backend_pid()" + tok + " FROM pg_advisory_lock" + suffix + args,
+				// The lock function runs in a subquery, once, before the settings and
+				// the token. The settings' values are not read back.
+				try: "SELECT l.got, pg_backend_pid(), CASE WHEN l.got THEN " + setIdle + " || " + setTCP + " END" + tokIfGot +
+					" FROM (SELECT pg_try_advisory_lock" + suffix + args + " AS got) l",
+				wait: "SELECT pg_backend_pid(), " + setIdle + " || " + setTCP + tok + " FROM pg_advisory_lock" + suffix + args,
 				// One row if the lock was held (the caller reads the row count: Exec
 				// starts no goroutine of database/sql's, unlike a query with a context).
-				unlock:  "SELECT 1 WHERE pg_advisory_unlock" + suffix + args,
+				unlock:  "SELECT 1 FROM (SELECT pg_advisory_unlock" + suffix + args + " AS ok, " + reset + ") s WHERE s.ok",
 				xact:    "SELECT 1" + tok + " FROM pg_advisory_xact_lock" + suffix + args,
 				tryXact: "SELECT l.got" + tokIfGot + " FROM (SELECT pg_try_advisory_xact_lock" + suffix + args + " AS got) l",
 			}
@@ -62,6 +73,15 @@ func b2i(b bool) int {
 	return 0
 }
 
+// withToken returns the scan destinations of a locking statement: dest, and t for
+// the token its statements draw when the Locker makes tokens.
+func (l *Locker) withToken(t *sql.NullInt64, dest ...any) []any {
+	if l.cfg.token {
+		return append(dest, t)
+	}
+	return dest
+}
+
 func (l *Locker) pgStmts(id lockID) *pgStatements { return &l.pgSQL[b2i(l.shared)][b2i(id.raw)] }
 
 // pgLock takes the lock on conn and, with tokens, draws the token. dirty reports
@@ -69,14 +89,9 @@ func (l *Locker) pgStmts(id lockID) *pgStatements { return &l.pgSQL[b2i(l.shared
 func (l *Locker) pgLock(ctx context.Context, conn *sql.Conn, id lockID, wait bool) (sid, tok int64, ok, dirty bool, err error) {
 	st := l.pgStmts(id)
 	var t sql.NullInt64
-	dest := func(d ...any) []any {
-		if l.cfg.token {
-			return append(d, &t)
-		}
-		return d
-	}
+	var set sql.NullString // the settings, not read
 	if !wait {
-		err = conn.QueryRowContext(ctx, st.try, id.pgArgs()...).Scan(dest(&ok, &sid)...)
+		err = conn.QueryRowContext(ctx, st.try, id.pgArgs()...).Scan(l.withToken(&t, &ok, &sid, &set)...)
 		dirty = err != nil
 	} else {
 		// A wait that ctx ends is cancelled on the server (see internal/interrupt):
@@ -85,17 +100,13 @@ func (l *Locker) pgLock(ctx context.Context, conn *sql.Conn, id lockID, wait boo
 		// instant dies with it.
 		dirty, err = l.interrupter().Run(ctx, interrupt.Target{PgConn: interrupt.PgConn(conn), Label: id.name}, false,
 			func(qctx context.Context) error {
-				return conn.QueryRowContext(qctx, st.wait, id.pgArgs()...).Scan(dest(&sid)...)
+				return conn.QueryRowContext(qctx, st.wait, id.pgArgs()...).Scan(l.withToken(&t, &sid, &set)...)
 			})
 		ok, dirty = err == nil, dirty || err != nil
 	}
 	if ok && l.cfg.token {
-		tok = t.Int64
-		if !t.Valid { // the server's run has no epoch yet
-			tok, err = fence.NextEpoch(ctx, conn, l.db)
-			if err != nil {
-				return sid, 0, false, true, fmt.Errorf("fencing token: %w", err)
-			}
+		if tok, err = fence.Drawn(ctx, t, conn, l.db); err != nil {
+			return sid, 0, false, true, fmt.Errorf("fencing token: %w", err)
 		}
 	}
 	return sid, tok, ok, dirty, err

@@ -56,25 +56,20 @@ func (l *Locker) acquireTx(ctx context.Context, op string, tx *sql.Tx, name stri
 	}
 	st := l.pgStmts(id)
 	var err error
-	var tok sql.NullInt64
-	dest := func(d any) []any {
-		if l.cfg.token {
-			return []any{d, &tok}
-		}
-		return []any{d}
-	}
+	var t sql.NullInt64
 	if wait {
 		var one int
-		err = tx.QueryRowContext(ctx, st.xact, id.pgArgs()...).Scan(dest(&one)...)
+		err = tx.QueryRowContext(ctx, st.xact, id.pgArgs()...).Scan(l.withToken(&t, &one)...)
 	} else {
 		var ok bool
-		err = tx.QueryRowContext(ctx, st.tryXact, id.pgArgs()...).Scan(dest(&ok)...)
+		err = tx.QueryRowContext(ctx, st.tryXact, id.pgArgs()...).Scan(l.withToken(&t, &ok)...)
 		if err == nil && !ok {
 			return 0, l.errorf(op, id, sqllock.ErrNotAcquired, nil)
 		}
 	}
-	if err == nil && l.cfg.token && !tok.Valid { // the server's run has no epoch yet
-		tok.Int64, err = fence.NextEpoch(ctx, tx, l.db)
+	var tok int64
+	if err == nil && l.cfg.token {
+		tok, err = fence.Drawn(ctx, t, tx, l.db)
 	}
 	if err != nil {
 		if cerr := ctx.Err(); cerr != nil {
@@ -85,5 +80,5 @@ func (l *Locker) acquireTx(ctx context.Context, op string, tx *sql.Tx, name stri
 		}
 		return 0, l.errorf(op, id, nil, err)
 	}
-	return tok.Int64, nil
+	return tok, nil
 }

@@ -158,7 +158,7 @@ func New(db *sql.DB, d sqllock.Dialect, opts ...Option) (*Locker, error) {
 	}
 	l := &Locker{
 		db: db, dialect: d, cfg: cfg, waiters: make(chan struct{}, cfg.maxWaiters),
-		pins: pin.New(db, d, cfg.Timing.TTL, cfg.Logger, false),
+		pins: pin.New(db, d, cfg.Timing.TTL, cfg.Logger),
 		pg:   newPgStatements(cfg.Timing.TTL), myMaria: newMyStatements(flavorMariaDB), myOracle: newMyStatements(flavorMySQL8),
 	}
 	if cfg.isolation != sql.LevelDefault {

@@ -29,7 +29,10 @@ ON CONFLICT (lock_key) DO UPDATE SET token = sqllock_fence.token + 1 RETURNING t
 	// its result with MySQLToken. LAST_INSERT_ID(expr) makes the new value the
 	// statement's insert id, so one round trip both increments and returns it. A fresh
 	// row affects 1 row and has token 1.
-	NextMySQL = `INSERT INTO sqllock_fence (lock_key, name, token) VALUES (?, ?, 1)
+	NextMySQL = nextMySQLHead + `?, ?` + nextMySQLTail
+	// The parts of NextMySQL around its two values, for Next's literal form.
+	nextMySQLHead = `INSERT INTO sqllock_fence (lock_key, name, token) VALUES (`
+	nextMySQLTail = `, 1)
 ON DUPLICATE KEY UPDATE token = LAST_INSERT_ID(token + 1)`
 )
 
@@ -46,9 +49,7 @@ func Next(ctx context.Context, q Execer, d sqllock.Dialect, name string) (int64,
 	// Hex literals, not parameters: go-sql-driver would prepare, run and close a
 	// statement with parameters (two round trips and a third packet); a statement
 	// without any is one round trip, and hex digits cannot inject anything.
-	res, err := q.ExecContext(ctx, "INSERT INTO sqllock_fence (lock_key, name, token) VALUES (X'"+
-		hex.EncodeToString(key)+"', X'"+hex.EncodeToString([]byte(name))+"', 1)"+
-		" ON DUPLICATE KEY UPDATE token = LAST_INSERT_ID(token + 1)")
+	res, err := q.ExecContext(ctx, nextMySQLHead+"X'"+hex.EncodeToString(key)+"', X'"+hex.EncodeToString([]byte(name))+"'"+nextMySQLTail)
 	if err != nil {
 		return 0, err
 	}
@@ -110,15 +111,15 @@ func Current(ctx context.Context, q Execer, d sqllock.Dialect, name string) (int
 // (migration 0007). It is strictly increasing per name across crashes, restarts and
 // failovers to a replica that has every commit: the sequence never goes back while
 // the server runs, and the epoch of a run, committed synchronously before its first
-// token (EnsureEpoch), is larger than every earlier one. It is NULL while the run has
-// no epoch yet: call EnsureEpoch and draw again. Evaluate it after the lock is
+// token, is larger than every earlier one. It is NULL while the run has no epoch yet:
+// pass the result to Drawn. Evaluate it after the lock is
 // taken, in the same statement or a later one.
 const EpochPostgres = "(SELECT epoch FROM sqllock_epoch WHERE started = pg_postmaster_start_time()) * 17592186044416 + nextval('sqllock_token_seq')"
 
-// EnsureEpoch records, if it is missing, the epoch of the server's current run: one
+// ensureEpoch records, if it is missing, the epoch of the server's current run: one
 // more than the largest, committed synchronously (even where synchronous_commit is
 // off), so that it is on disk before a token of the run is handed out.
-func EnsureEpoch(ctx context.Context, db *sql.DB) error {
+func ensureEpoch(ctx context.Context, db *sql.DB) error {
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		return err
@@ -136,22 +137,22 @@ ON CONFLICT (started) DO NOTHING`); err != nil {
 	return tx.Commit()
 }
 
-// NextEpoch draws a token (EpochPostgres) on q, recording the run's epoch through db
-// first if it is missing.
-func NextEpoch(ctx context.Context, q Execer, db *sql.DB) (int64, error) {
-	for first := true; ; first = false {
-		var tok sql.NullInt64
-		if err := q.QueryRowContext(ctx, "SELECT "+EpochPostgres).Scan(&tok); err != nil {
-			return 0, err
-		}
-		if tok.Valid {
-			return tok.Int64, nil
-		}
-		if !first {
-			return 0, errors.New("fence: the epoch of the server's run is missing after it was recorded")
-		}
-		if err := EnsureEpoch(ctx, db); err != nil {
-			return 0, err
-		}
+// Drawn returns the token a statement drew with EpochPostgres (drawn), or, if it was
+// NULL because the server's run had no epoch yet, records the epoch through db and
+// draws one on q.
+func Drawn(ctx context.Context, drawn sql.NullInt64, q Execer, db *sql.DB) (int64, error) {
+	if drawn.Valid {
+		return drawn.Int64, nil
 	}
+	if err := ensureEpoch(ctx, db); err != nil {
+		return 0, err
+	}
+	var tok sql.NullInt64
+	if err := q.QueryRowContext(ctx, "SELECT "+EpochPostgres).Scan(&tok); err != nil {
+		return 0, err
+	}
+	if !tok.Valid {
+		return 0, errors.New("fence: the epoch of the server's run is missing after it was recorded")
+	}
+	return tok.Int64, nil
 }

@@ -13,12 +13,9 @@
 // statements cost. It never keeps one while the application's pool is short of
 // connections.
 //
-// On PostgreSQL, for session locks (advisory), the bound is the session's
-// idle_session_timeout and tcp_user_timeout, set the same way (one set_config
-// statement; set_config with NULL puts the session's default back) and kept for reuse
-// alike. For transaction locks (forupdate) the strategy sets
-// idle_in_transaction_session_timeout and tcp_user_timeout transaction-locally inside
-// its own locking statement, so the Pool only hands out and takes back connections.
+// On PostgreSQL the strategies set the bound inside their own locking statements
+// (set_config of idle_session_timeout or idle_in_transaction_session_timeout, and
+// tcp_user_timeout), so the Pool only hands out and takes back connections.
 package pin
 
 import (
@@ -69,15 +66,9 @@ func Millis(ttl time.Duration) string {
 	return strconv.FormatInt(max(int64((ttl+time.Millisecond-1)/time.Millisecond), 1), 10)
 }
 
-// New returns a Pool of db for sessions bounded by ttl. On PostgreSQL it bounds the
-// sessions only if pgSession is set (see the package doc).
-func New(db *sql.DB, d sqllock.Dialect, ttl time.Duration, log *slog.Logger, pgSession bool) *Pool {
+// New returns a Pool of db for sessions bounded by ttl.
+func New(db *sql.DB, d sqllock.Dialect, ttl time.Duration, log *slog.Logger) *Pool {
 	p := &Pool{db: db, dialect: d, log: log, keepIdle: min(ttl/4, 2*time.Second)}
-	if d == sqllock.Postgres && pgSession {
-		ms := "'" + Millis(ttl) + "'"
-		p.setup = "SELECT set_config('idle_session_timeout', " + ms + ", false), set_config('tcp_user_timeout', " + ms + ", false)"
-		p.reset = "SELECT set_config('idle_session_timeout', NULL, false), set_config('tcp_user_timeout', NULL, false)"
-	}
 	if d == sqllock.MySQL {
 		n := strconv.FormatInt(Seconds(ttl), 10)
 		p.setup = "SET @sqllock_wait_timeout = @@session.wait_timeout, @sqllock_net_write_timeout = @@session.net_write_timeout, " +
