@@ -173,23 +173,7 @@ func (c *campaign) run(ctx context.Context) error {
 // the error Campaign returns.
 func (c *campaign) term(ctx context.Context, lease Lease) (again bool, err error) {
 	c.log.Info("sqllock: campaign: leading", "token", lease.Token())
-	lctx, stop := LeaseContext(ctx, lease)
-	released := false
-	var rerr error
-	release := func() {
-		if released {
-			return
-		}
-		released = true
-		stop()
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
-		defer cancel()
-		rerr = lease.Release(rctx)
-	}
-	defer release() // fn panicked: hand the lock on all the same
-	ferr := c.fn(lctx)
-	lost := errors.Is(lease.Err(), ErrLost)
-	release()
+	ferr, rerr, lost := runHeld(ctx, lease, c.fn)
 	switch {
 	case ctx.Err() != nil:
 		if rerr != nil && !errors.Is(rerr, ErrLost) {

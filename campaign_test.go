@@ -240,3 +240,26 @@ func TestCampaignStops(t *testing.T) {
 		}
 	})
 }
+
+// TestDoReleasesOnPanic: when fn panics, Do hands the lock on before the panic goes
+// on (as Campaign does): another client gets it at once, not after the TTL.
+func TestDoReleasesOnPanic(t *testing.T) {
+	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
+		ctx := testdb.Context(t, time.Minute)
+		l := strategies[0].new(t, testdb.Open(t, d), d) // uniqueindex, TTL 10 s
+		name := testdb.Name(t)
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Fatal("the panic of fn did not reach Do's caller")
+				}
+			}()
+			sqllock.Do(ctx, l, name, func(ctx context.Context) error { panic("boom") })
+		}()
+		le, err := strategies[0].new(t, testdb.Open(t, d), d).TryAcquire(ctx, name)
+		if err != nil {
+			t.Fatalf("the lock was not handed on after fn panicked: %v", err)
+		}
+		le.Release(ctx)
+	})
+}

@@ -104,7 +104,8 @@ func ApplyAcquireOptions(op string, d Dialect, name string, opts []AcquireOption
 }
 
 // Do acquires the lock name with l, runs fn with a context that is cancelled (with
-// cause ErrLost) when the lease is lost, and releases the lock. It returns fn's error,
+// cause ErrLost) when the lease is lost, and releases the lock (also when fn panics:
+// the lock is handed on, then the panic goes on). It returns fn's error,
 // joined with the release error if any. If the lease was lost while fn ran, the
 // returned error matches ErrLost even when fn returned nil: fn's work was not
 // protected by the lock for its whole duration.
@@ -113,19 +114,36 @@ func Do(ctx context.Context, l Locker, name string, fn func(ctx context.Context)
 	if err != nil {
 		return err
 	}
-	fctx, stop := LeaseContext(ctx, lease)
-	ferr := fn(fctx)
-	stop()
-
-	// Release with a context that survives ctx's end: an expired caller context must
-	// not leave the lock held until its lease runs out.
-	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
-	defer rcancel()
-	rerr := lease.Release(rctx)
+	ferr, rerr, _ := runHeld(ctx, lease, fn)
 	if rerr != nil && ferr != nil && errors.Is(rerr, ErrLost) && errors.Is(ferr, ErrLost) {
 		return ferr
 	}
 	return errors.Join(ferr, rerr)
+}
+
+// runHeld runs fn with a LeaseContext of lease, then releases lease with a context
+// that survives ctx's end (an expired caller context must not leave the lock held
+// until its lease runs out), also when fn panics. lost tells whether the lease was
+// lost before the release.
+func runHeld(ctx context.Context, lease Lease, fn func(ctx context.Context) error) (ferr, rerr error, lost bool) {
+	fctx, stop := LeaseContext(ctx, lease)
+	release := func() {
+		stop()
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+		defer cancel()
+		rerr = lease.Release(rctx)
+	}
+	done := false
+	defer func() {
+		if !done { // fn panicked: hand the lock on all the same
+			release()
+		}
+	}()
+	ferr = fn(fctx)
+	done = true
+	lost = errors.Is(lease.Err(), ErrLost)
+	release()
+	return ferr, rerr, lost
 }
 
 // LeaseContext returns a copy of ctx that is cancelled when lease ends (lost or
