@@ -3,6 +3,8 @@ package sqllock_test
 import (
 	"context"
 	"errors"
+	"os/exec"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -246,4 +248,23 @@ func TestTelemetryNames(t *testing.T) {
 			t.Errorf("spans naming the lock: %v, want sqllock.acquire and sqllock.release", found)
 		}
 	})
+}
+
+// TestNoSDKInTheBuild: the README promises that the library brings only the
+// OpenTelemetry API into an application's build; the SDK serves its tests alone.
+func TestNoSDKInTheBuild(t *testing.T) {
+	out, err := exec.Command("go", "list", "-deps", "github.com/sqllock/sqllock/...").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, out)
+	}
+	api := false
+	for _, pkg := range strings.Fields(string(out)) {
+		if strings.HasPrefix(pkg, "go.opentelemetry.io/otel/sdk") {
+			t.Errorf("the library's packages depend on %s", pkg)
+		}
+		api = api || pkg == "go.opentelemetry.io/otel/metric"
+	}
+	if !api {
+		t.Error("go list shows no OpenTelemetry API: the check looks at the wrong packages")
+	}
 }
