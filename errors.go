@@ -43,7 +43,22 @@ var (
 
 	// ErrNoHolder reports that nobody holds the lock (Leader, HolderInspector.Holder).
 	ErrNoHolder = errors.New("sqllock: lock has no holder")
+
+	// ErrUnsafeDeployment reports that the strategy refuses the database it was given
+	// because there it could not keep its promise: a Galera node for the server-local
+	// locks (advisory, forupdate), a PostgreSQL primary with asynchronous standbys
+	// under WithRequireSyncReplication, a transaction-pooling proxy under advisory's
+	// session locks. The error names the reason. It also matches ErrInvalidOption:
+	// the remedy is the deployment or an explicit option, not a retry.
+	ErrUnsafeDeployment error = unsafeDeployment{}
 )
+
+type unsafeDeployment struct{}
+
+func (unsafeDeployment) Error() string { return "sqllock: unsafe deployment for this strategy" }
+
+// Is makes ErrUnsafeDeployment match ErrInvalidOption too.
+func (unsafeDeployment) Is(target error) bool { return target == ErrInvalidOption }
 
 // Error is the error type of this module. It records which operation failed, on which
 // dialect and which lock name, and matches both its Kind (one of the sentinel errors,

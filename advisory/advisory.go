@@ -8,9 +8,11 @@ import (
 	"log/slog"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sqllock/sqllock"
+	"github.com/sqllock/sqllock/internal/deploy"
 	"github.com/sqllock/sqllock/internal/fence"
 	"github.com/sqllock/sqllock/internal/lease"
 	"github.com/sqllock/sqllock/internal/namekey"
@@ -77,6 +79,25 @@ func WithLogger(l *slog.Logger) Option { return func(c *config) error { return c
 // of the name, since names can carry user data).
 func WithTelemetryNames() Option { return func(c *config) error { return c.SetTelemetryNames() } }
 
+// WithRequireSyncReplication makes the Locker refuse (an error matching
+// sqllock.ErrUnsafeDeployment from its first acquisition) a PostgreSQL primary whose
+// standbys replicate asynchronously, where a failover can forget granted leases and
+// repeat tokens. Without it the Locker logs one warning and goes on. No effect on
+// MySQL.
+func WithRequireSyncReplication() Option {
+	return func(c *config) error { return c.SetRequireSyncReplication() }
+}
+
+// WithGaleraSingleWriter accepts a MariaDB Galera node, which the Locker refuses by
+// default (an error matching sqllock.ErrUnsafeDeployment from its first
+// acquisition): GET_LOCK is local to one node, so clients on two nodes would both hold the
+// lock. The option is your promise that every client of these locks reaches the same
+// writer node (one node address, or a proxy that sends all writes to one node and
+// fails over only when that node is gone, which ends its sessions and so its locks).
+func WithGaleraSingleWriter() Option {
+	return func(c *config) error { return c.SetGaleraSingleWriter() }
+}
+
 // WithNamespace sets the namespace mixed into the hash of every name: Lockers with
 // different namespaces never exclude each other. The default is DefaultNamespace on
 // PostgreSQL and the current database (DATABASE()) on MySQL. Fencing tokens are
@@ -101,6 +122,7 @@ type Locker struct {
 	st      *lockerState
 	pins    *pin.Pool
 	pgSQL   [2][2]pgStatements
+	guard   *deploy.Guard
 }
 
 // lockerState is shared by a Locker and its Shared view.
@@ -110,6 +132,10 @@ type lockerState struct {
 
 	nsMu sync.Mutex
 	ns   string // resolved MySQL namespace, "" until known
+
+	// pooled is the refusal once a session was seen to move between server backends
+	// (see pooler.go).
+	pooled atomic.Pointer[error]
 }
 
 var _ sqllock.Locker = (*Locker)(nil)
@@ -134,6 +160,7 @@ func New(db *sql.DB, d sqllock.Dialect, opts ...Option) (*Locker, error) {
 	return &Locker{db: db, dialect: d, cfg: cfg, st: st,
 		pins:  pin.New(db, d, cfg.Timing.TTL, cfg.Logger),
 		pgSQL: pgStatementsFor(cfg.Timing.TTL, cfg.token),
+		guard: cfg.Guard(db, d, "advisory", true),
 	}, nil
 }
 
@@ -269,6 +296,22 @@ func (l *Locker) acquireKey(ctx context.Context, op string, key int64, wait bool
 	return l.acquire(ctx, op, id, wait, opts)
 }
 
+// admit checks ctx and (once per Locker) the deployment, before an acquisition's
+// own SQL; and refuses once the Locker saw its sessions move between server
+// backends (a transaction-pooling proxy).
+func (l *Locker) admit(ctx context.Context, op string, id lockID) error {
+	if err := ctx.Err(); err != nil {
+		return l.errorf(op, id, sqllock.ErrNotAcquired, err)
+	}
+	if err := l.st.pooled.Load(); err != nil {
+		return l.errorf(op, id, nil, *err)
+	}
+	if err := l.guard.Check(ctx); err != nil {
+		return l.errorf(op, id, lease.CheckKind(ctx, err), err)
+	}
+	return nil
+}
+
 func (l *Locker) errorf(op string, id lockID, kind, err error) error {
 	return lease.NewError(op, l.dialect, id.name, kind, err)
 }
@@ -287,8 +330,8 @@ func (l *Locker) acquireLease(ctx context.Context, op string, id lockID, wait bo
 	if ac.TTL != 0 {
 		return nil, l.errorf(op, id, sqllock.ErrInvalidOption, errors.New("WithTTL: an advisory lock is held while its session lives, not for a TTL"))
 	}
-	if err := ctx.Err(); err != nil {
-		return nil, l.errorf(op, id, sqllock.ErrNotAcquired, err)
+	if err := l.admit(ctx, op, id); err != nil {
+		return nil, err
 	}
 	if ac.Owner == "" {
 		le, err := l.lock(ctx, op, id, wait)

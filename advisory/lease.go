@@ -233,7 +233,13 @@ func (s *session) KeepAlive(ctx context.Context) (time.Duration, error) {
 		}
 	}
 	if sid != s.sid {
-		return 0, lease.Gonef("session changed from %d to %d (a pooler or reconnect?)", s.sid, sid)
+		if s.l.dialect == sqllock.Postgres {
+			// A *sql.Conn keeps its driver connection: only a proxy moves it.
+			err := s.l.poolerSeen(fmt.Sprintf("the session that took the lock on backend %d now runs on backend %d", s.sid, sid))
+			s.l.freeBackend(ctx, s.sid)
+			return 0, lease.Gone(err)
+		}
+		return 0, lease.Gonef("session changed from %d to %d (a reconnect?)", s.sid, sid)
 	}
 	return 0, nil
 }
@@ -266,6 +272,15 @@ func (s *session) GiveBack(ctx context.Context, lost bool) error {
 			"name", s.id.name, "dialect", s.l.dialect.String(), "err", err)
 		return nil
 	case !held:
+		if s.l.dialect == sqllock.Postgres {
+			var sid int64
+			if s.conn.QueryRowContext(ctx, "SELECT pg_backend_pid()").Scan(&sid) == nil && sid != s.sid {
+				err := s.l.poolerSeen(fmt.Sprintf("the unlock of the lock taken on backend %d ran on backend %d", s.sid, sid))
+				s.l.pins.Discard(s.conn)
+				s.l.freeBackend(ctx, s.sid)
+				return lease.Gone(err)
+			}
+		}
 		s.l.pins.Discard(s.conn)
 		return lease.Gonef("the session no longer held the lock")
 	}

@@ -45,16 +45,19 @@ func pgStatementsFor(ttl time.Duration, token bool) (t [2][2]pgStatements) {
 			if sh == 1 {
 				suffix = "_shared"
 			}
-			args := "($1::int4, $2::int4)"
+			args, stampArg := "($1::int4, $2::int4)", "$3::text"
 			if raw == 1 {
-				args = "($1::int8)"
+				args, stampArg = "($1::int8)", "$2::text"
 			}
+			// The session's stamp is read before this statement writes its own (see
+			// pooler.go): left to right in one select list.
+			stamp := "current_setting('sqllock.session', true), set_config('sqllock.session', " + stampArg + ", false)"
 			t[sh][raw] = pgStatements{
 				// The lock function runs in a subquery, once, before the settings and
 				// the token. The settings' values are not read back.
-				try: "SELECT l.got, pg_backend_pid(), CASE WHEN l.got THEN " + setIdle + " || " + setTCP + " END" + tokIfGot +
+				try: "SELECT l.got, pg_backend_pid(), " + stamp + ", CASE WHEN l.got THEN " + setIdle + " || " + setTCP + " END" + tokIfGot +
 					" FROM (SELECT pg_try_advisory_lock" + suffix + args + " AS got) l",
-				wait: "SELECT pg_backend_pid(), " + setIdle + " || " + setTCP + tok + " FROM pg_advisory_lock" + suffix + args,
+				wait: "SELECT pg_backend_pid(), " + stamp + ", " + setIdle + " || " + setTCP + tok + " FROM pg_advisory_lock" + suffix + args,
 				// One row if the lock was held (the caller reads the row count: Exec
 				// starts no goroutine of database/sql's, unlike a query with a context).
 				unlock:  "SELECT 1 FROM (SELECT pg_advisory_unlock" + suffix + args + " AS ok, " + reset + ") s WHERE s.ok",
@@ -89,9 +92,11 @@ func (l *Locker) pgStmts(id lockID) *pgStatements { return &l.pgSQL[b2i(l.shared
 func (l *Locker) pgLock(ctx context.Context, conn *sql.Conn, id lockID, wait bool) (sid, tok int64, ok, dirty bool, err error) {
 	st := l.pgStmts(id)
 	var t sql.NullInt64
-	var set sql.NullString // the settings, not read
+	var set, prev, stampSet sql.NullString // the settings, not read; the session's stamp before
+	stamp := sessionStamp(conn)
+	args := append(id.pgArgs(), stamp)
 	if !wait {
-		err = conn.QueryRowContext(ctx, st.try, id.pgArgs()...).Scan(l.withToken(&t, &ok, &sid, &set)...)
+		err = conn.QueryRowContext(ctx, st.try, args...).Scan(l.withToken(&t, &ok, &sid, &prev, &stampSet, &set)...)
 		dirty = err != nil
 	} else {
 		// A wait that ctx ends is cancelled on the server (see internal/interrupt):
@@ -100,9 +105,16 @@ func (l *Locker) pgLock(ctx context.Context, conn *sql.Conn, id lockID, wait boo
 		// instant dies with it.
 		dirty, err = l.interrupter().Run(ctx, interrupt.Target{PgConn: interrupt.PgConn(conn), Label: id.name}, false,
 			func(qctx context.Context) error {
-				return conn.QueryRowContext(qctx, st.wait, id.pgArgs()...).Scan(l.withToken(&t, &sid, &set)...)
+				return conn.QueryRowContext(qctx, st.wait, args...).Scan(l.withToken(&t, &sid, &prev, &stampSet, &set)...)
 			})
 		ok, dirty = err == nil, dirty || err != nil
+	}
+	if err == nil && foreignStamp(stamp, prev) {
+		// Another client's session: whatever was taken here is not ours to keep.
+		if ok {
+			_, _ = conn.ExecContext(context.WithoutCancel(ctx), st.unlock, id.pgArgs()...)
+		}
+		return sid, 0, false, true, l.poolerSeen(fmt.Sprintf("backend %d carries another client connection's session", sid))
 	}
 	if ok && l.cfg.token {
 		if tok, err = fence.Drawn(ctx, t, conn, l.db); err != nil {

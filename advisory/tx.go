@@ -7,6 +7,7 @@ import (
 
 	"github.com/sqllock/sqllock"
 	"github.com/sqllock/sqllock/internal/fence"
+	"github.com/sqllock/sqllock/internal/lease"
 	"github.com/sqllock/sqllock/internal/sqlerr"
 )
 
@@ -53,6 +54,9 @@ func (l *Locker) acquireTx(ctx context.Context, op string, tx *sql.Tx, name stri
 	}
 	if err := ctx.Err(); err != nil {
 		return 0, l.errorf(op, id, sqllock.ErrNotAcquired, err)
+	}
+	if err := l.guard.Check(ctx); err != nil {
+		return 0, l.errorf(op, id, lease.CheckKind(ctx, err), err)
 	}
 	st := l.pgStmts(id)
 	var err error

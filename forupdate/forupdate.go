@@ -14,6 +14,7 @@ import (
 
 	"github.com/sqllock/sqllock"
 	"github.com/sqllock/sqllock/internal/backoff"
+	"github.com/sqllock/sqllock/internal/deploy"
 	"github.com/sqllock/sqllock/internal/interrupt"
 	"github.com/sqllock/sqllock/internal/lease"
 	"github.com/sqllock/sqllock/internal/namekey"
@@ -118,6 +119,25 @@ func WithLogger(l *slog.Logger) Option { return func(c *config) error { return c
 // of the name, since names can carry user data).
 func WithTelemetryNames() Option { return func(c *config) error { return c.SetTelemetryNames() } }
 
+// WithRequireSyncReplication makes the Locker refuse (an error matching
+// sqllock.ErrUnsafeDeployment from its first acquisition) a PostgreSQL primary whose
+// standbys replicate asynchronously, where a failover can forget granted leases and
+// repeat tokens. Without it the Locker logs one warning and goes on. No effect on
+// MySQL.
+func WithRequireSyncReplication() Option {
+	return func(c *config) error { return c.SetRequireSyncReplication() }
+}
+
+// WithGaleraSingleWriter accepts a MariaDB Galera node, which the Locker refuses by
+// default (an error matching sqllock.ErrUnsafeDeployment from its first
+// acquisition): a row lock taken by SELECT ... FOR UPDATE is local to one node, so clients on two nodes would both hold the
+// lock. The option is your promise that every client of these locks reaches the same
+// writer node (one node address, or a proxy that sends all writes to one node and
+// fails over only when that node is gone, which ends its sessions and so its locks).
+func WithGaleraSingleWriter() Option {
+	return func(c *config) error { return c.SetGaleraSingleWriter() }
+}
+
 // Locker takes forupdate locks on one database. It implements sqllock.Locker; Lock
 // and TryLock return the concrete *Lease, whose Tx is the locking transaction. Build
 // it once with New and share it: it is safe for concurrent use. Close it when done.
@@ -131,6 +151,7 @@ type Locker struct {
 	pg       pgStatements
 	myMaria  myStatements
 	myOracle myStatements
+	guard    *deploy.Guard
 
 	queued atomic.Int64 // Lock calls waiting in the process for a waiter slot
 	inDB   atomic.Int64 // statements that may wait for a lock, under way
@@ -160,6 +181,7 @@ func New(db *sql.DB, d sqllock.Dialect, opts ...Option) (*Locker, error) {
 		db: db, dialect: d, cfg: cfg, waiters: make(chan struct{}, cfg.maxWaiters),
 		pins: pin.New(db, d, cfg.Timing.TTL, cfg.Logger),
 		pg:   newPgStatements(cfg.Timing.TTL), myMaria: newMyStatements(flavorMariaDB), myOracle: newMyStatements(flavorMySQL8),
+		guard: cfg.Guard(db, d, "forupdate", true),
 	}
 	if cfg.isolation != sql.LevelDefault {
 		l.txOpts = &sql.TxOptions{Isolation: cfg.isolation}
@@ -244,8 +266,8 @@ func (l *Locker) lock(ctx context.Context, name string, opts []sqllock.AcquireOp
 	if err := l.check(op, name, opts); err != nil {
 		return nil, err
 	}
-	if err := ctx.Err(); err != nil {
-		return nil, l.notAcquired(op, name, err)
+	if err := l.admit(ctx, op, name); err != nil {
+		return nil, err
 	}
 	select {
 	case l.waiters <- struct{}{}:
@@ -285,8 +307,8 @@ func (l *Locker) tryLock(ctx context.Context, name string, opts []sqllock.Acquir
 	if err := l.check(op, name, opts); err != nil {
 		return nil, err
 	}
-	if err := ctx.Err(); err != nil {
-		return nil, l.notAcquired(op, name, err)
+	if err := l.admit(ctx, op, name); err != nil {
+		return nil, err
 	}
 	return l.acquireLoop(ctx, op, name, modeTry, func() {})
 }
@@ -328,8 +350,8 @@ func (l *Locker) TryAcquireAny(ctx context.Context, names []string) (*Lease, err
 		keys[i] = namekey.Key(n)
 		byKey[string(keys[i])] = n
 	}
-	if err := ctx.Err(); err != nil {
-		return nil, l.notAcquired(op, "", err)
+	if err := l.admit(ctx, op, ""); err != nil {
+		return nil, err
 	}
 	for attempt := 0; ; attempt++ {
 		le, err := l.anyAttempt(ctx, op, keys, names, byKey)
@@ -364,6 +386,18 @@ type retryErr struct{ cause error }
 func (e retryErr) Error() string        { return "retry: " + e.cause.Error() }
 func (e retryErr) Is(target error) bool { return target == errRetry }
 func (e retryErr) Unwrap() error        { return e.cause }
+
+// admit checks ctx and (once per Locker) the deployment, before an acquisition's
+// own SQL.
+func (l *Locker) admit(ctx context.Context, op, name string) error {
+	if err := ctx.Err(); err != nil {
+		return l.notAcquired(op, name, err)
+	}
+	if err := l.guard.Check(ctx); err != nil {
+		return lease.NewError(op, l.dialect, name, lease.CheckKind(ctx, err), err)
+	}
+	return nil
+}
 
 func (l *Locker) check(op, name string, opts []sqllock.AcquireOption) error {
 	if err := sqllock.ValidateName(name); err != nil {

@@ -64,6 +64,15 @@ func WithTelemetryNames() Option {
 	return func(c *rowlease.Config) error { return c.SetTelemetryNames() }
 }
 
+// WithRequireSyncReplication makes the Locker refuse (an error matching
+// sqllock.ErrUnsafeDeployment from its first acquisition) a PostgreSQL primary whose
+// standbys replicate asynchronously, where a failover can forget granted leases and
+// repeat tokens. Without it the Locker logs one warning and goes on. No effect on
+// MySQL.
+func WithRequireSyncReplication() Option {
+	return func(c *rowlease.Config) error { return c.SetRequireSyncReplication() }
+}
+
 // Locker acquires optimistic leases. It is safe for concurrent use. Close it when
 // done: it stops the PostgreSQL listener. Leases stay valid after Close until they are
 // released.

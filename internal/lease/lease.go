@@ -98,6 +98,11 @@ func NewError(op string, d sqllock.Dialect, name string, kind, cause error) erro
 	if kind == nil && sqlerr.Is(cause, sqlerr.UndefinedTable) {
 		kind = sqllock.ErrNotMigrated
 	}
+	if sqlerr.IsCode(cause, "42P05") || sqlerr.IsCode(cause, "26000") {
+		cause = fmt.Errorf("%w (hint: a prepared statement went missing or exists twice on the server session, "+
+			"which a transaction-pooling proxy such as pgbouncer pool_mode=transaction causes with pgx's statement cache: "+
+			"set default_query_exec_mode=simple_protocol (or exec) in the DSN, or max_prepared_statements in pgbouncer 1.21+)", cause)
+	}
 	return &sqllock.Error{Op: op, Dialect: d, Name: name, Kind: kind, Err: cause}
 }
 
@@ -604,8 +609,41 @@ func Granted(ctx context.Context, lb Label, op string, release func(context.Cont
 	if ctx.Err() == nil {
 		return nil
 	}
-	gctx, cancel := GiveBackContext(ctx)
-	defer cancel()
-	release(gctx)
+	Settle(ctx, GiveBackTimeout, func(gctx context.Context) { release(gctx) })
 	return lb.Err(op, sqllock.ErrNotAcquired, ctx.Err())
+}
+
+// SettleWait is how long, after the caller's context ended, an acquisition waits for
+// the give-back of what it may hold (Settle) before it returns and lets the give-back
+// finish on its own. A healthy server answers in milliseconds, so the lock is free
+// when Acquire returns; a server that cannot commit (its synchronous standby gone)
+// no longer holds the caller.
+const SettleWait = 250 * time.Millisecond
+
+// Settle runs giveBack, which frees what an acquisition of a caller whose context is
+// ctx may hold (a grant that came as ctx ended, the row of an attempt whose outcome
+// is unknown), with a context that outlives ctx and ends after limit. It returns when
+// giveBack returns, or SettleWait after ctx ended, whichever comes first; giveBack
+// then goes on in the background until it returns (at most limit): a statement that
+// the server finishes later (a commit waiting for a synchronous standby) still
+// deletes what it should, and Acquire honours its context.
+func Settle(ctx context.Context, limit time.Duration, giveBack func(context.Context)) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		gctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), limit)
+		defer cancel()
+		giveBack(gctx)
+	}()
+	select {
+	case <-done:
+		return
+	case <-ctx.Done():
+	}
+	t := time.NewTimer(SettleWait)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+	}
 }

@@ -3,11 +3,13 @@ package lease
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/goleak"
 
 	"github.com/sqllock/sqllock"
@@ -425,5 +427,64 @@ func TestReleaseContextAbortsKeepAlive(t *testing.T) {
 	_ = l.Release(ctx)
 	if took := time.Since(start); took > 5*time.Second {
 		t.Errorf("Release took %v with a 200ms context and a stuck keep-alive", took)
+	}
+}
+
+// TestSettle: a give-back that answers at once is waited for; one that the server
+// holds (a commit waiting for a synchronous standby) keeps the caller at most
+// SettleWait after its context ended and still finishes in the background.
+func TestSettle(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	var quick atomic.Bool
+	Settle(ctx, time.Minute, func(context.Context) { quick.Store(true) })
+	if !quick.Load() {
+		t.Fatal("Settle returned before a quick give-back finished")
+	}
+
+	release := make(chan struct{})
+	finished := make(chan error, 1)
+	start := time.Now()
+	Settle(ctx, time.Minute, func(gctx context.Context) {
+		select {
+		case <-release:
+			finished <- gctx.Err() // the give-back's context outlives the caller's
+		case <-gctx.Done():
+			finished <- errors.New("give-back context ended early")
+		}
+	})
+	if took := time.Since(start); took > SettleWait+time.Second {
+		t.Fatalf("Settle kept the caller %v (SettleWait %v)", took, SettleWait)
+	}
+	close(release)
+	if err := <-finished; err != nil {
+		t.Fatalf("the give-back after Settle returned: %v", err)
+	}
+
+	// The limit ends a give-back that never answers.
+	var ended atomic.Bool
+	done := make(chan struct{})
+	Settle(ctx, 10*time.Millisecond, func(gctx context.Context) {
+		<-gctx.Done()
+		ended.Store(true)
+		close(done)
+	})
+	<-done
+	if !ended.Load() {
+		t.Fatal("limit did not end the give-back")
+	}
+}
+
+// TestNewErrorPoolerHint: the errors that pgx's statement cache meets behind a
+// transaction-pooling proxy carry a hint (forced here; the ha suite meets the real
+// ones behind pgbouncer).
+func TestNewErrorPoolerHint(t *testing.T) {
+	for _, code := range []string{"42P05", "26000"} {
+		cause := &pgconn.PgError{Code: code, Message: "prepared statement \"stmtcache_1\" already exists"}
+		err := NewError("acquire", sqllock.Postgres, "n", nil, cause)
+		if !errors.As(err, new(*pgconn.PgError)) || !strings.Contains(err.Error(), "default_query_exec_mode") {
+			t.Errorf("%s: %v", code, err)
+		}
 	}
 }

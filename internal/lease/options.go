@@ -1,6 +1,7 @@
 package lease
 
 import (
+	"context"
 	"database/sql"
 	"errors"
 	"fmt"
@@ -8,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sqllock/sqllock"
+	"github.com/sqllock/sqllock/internal/deploy"
 )
 
 // Config holds the options every strategy shares. A strategy's config embeds it and
@@ -18,6 +20,30 @@ type Config struct {
 	Logger *slog.Logger
 	// TelemetryNames records lock names in spans (default: a hash of the name).
 	TelemetryNames bool
+	// RequireSync refuses a PostgreSQL primary with asynchronous standbys (see
+	// internal/deploy) instead of logging a warning.
+	RequireSync bool
+	// GaleraSingleWriter accepts a Galera node for the server-local strategies on the
+	// user's promise that every client reaches the same writer node.
+	GaleraSingleWriter bool
+}
+
+// Guard returns the deployment check of a Locker of strategy on db under these
+// options; oneNode tells a strategy whose locks are local to one server.
+func (c *Config) Guard(db *sql.DB, d sqllock.Dialect, strategy string, oneNode bool) *deploy.Guard {
+	return deploy.New(db, d, strategy, deploy.Needs{OneNode: oneNode, SingleWriter: c.GaleraSingleWriter, RequireSync: c.RequireSync}, c.Logger)
+}
+
+// SetRequireSyncReplication refuses asynchronous standbys.
+func (c *Config) SetRequireSyncReplication() error {
+	c.RequireSync = true
+	return nil
+}
+
+// SetGaleraSingleWriter accepts a Galera node (server-local strategies).
+func (c *Config) SetGaleraSingleWriter() error {
+	c.GaleraSingleWriter = true
+	return nil
 }
 
 // Label returns the label of a lease of name by strategy on dialect d, under these
@@ -96,6 +122,16 @@ func New[C any, O ~func(*C) error](strategy string, db *sql.DB, d sqllock.Dialec
 	common.Timing = t
 	if common.Logger == nil {
 		common.Logger = slog.New(slog.DiscardHandler)
+	}
+	return nil
+}
+
+// CheckKind is the kind of an error of a deployment check (Guard.Check): none for a
+// refusal (it matches sqllock.ErrUnsafeDeployment itself), sqllock.ErrNotAcquired
+// if ctx ended during the probe, else none.
+func CheckKind(ctx context.Context, err error) error {
+	if !errors.Is(err, sqllock.ErrUnsafeDeployment) && ctx.Err() != nil {
+		return sqllock.ErrNotAcquired
 	}
 	return nil
 }

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/sqllock/sqllock"
+	"github.com/sqllock/sqllock/internal/deploy"
 	"github.com/sqllock/sqllock/internal/lease"
 	"github.com/sqllock/sqllock/internal/namekey"
 	"github.com/sqllock/sqllock/internal/prep"
@@ -83,6 +84,7 @@ type Locker struct {
 	Now      func() time.Time // injectable for tests
 	Hub      *wait.Hub
 	Stmts    *prep.Cache
+	Guard    *deploy.Guard
 
 	id    []byte
 	nonce atomic.Uint64
@@ -100,6 +102,7 @@ func New(strategy string, db *sql.DB, d sqllock.Dialect, cfg Config, channel str
 	return &Locker{
 		DB: db, Dialect: d, Cfg: cfg, Strategy: strategy, Host: host, PID: int64(os.Getpid()), Now: time.Now,
 		Hub: wait.NewHub(db, d, strategy, channel, cfg.Logger), Stmts: prep.New(db, d), id: id,
+		Guard: cfg.Guard(db, d, strategy, false),
 	}
 }
 
@@ -218,8 +221,8 @@ func Check(ctx context.Context, core *lease.Lease, tx *sql.Tx, query string, arg
 	return nil
 }
 
-// Prelude checks an acquisition before any SQL is sent: the name, the options (and
-// the lease time they give) and ctx. Its error is the one Acquire returns.
+// Prelude checks an acquisition before its own SQL is sent: the name, the options
+// (and the lease time they give), ctx, and (once per Locker) the deployment. Its error is the one Acquire returns.
 func (b *Locker) Prelude(ctx context.Context, op, name string, opts []sqllock.AcquireOption) (sqllock.AcquireConfig, lease.Timing, error) {
 	if err := sqllock.ValidateName(name); err != nil {
 		return sqllock.AcquireConfig{}, lease.Timing{}, err
@@ -234,6 +237,9 @@ func (b *Locker) Prelude(ctx context.Context, op, name string, opts []sqllock.Ac
 	}
 	if err := ctx.Err(); err != nil {
 		return ac, tm, b.Errorf(op, name, sqllock.ErrNotAcquired, err)
+	}
+	if err := b.Guard.Check(ctx); err != nil {
+		return ac, tm, b.Errorf(op, name, lease.CheckKind(ctx, err), err)
 	}
 	return ac, tm, nil
 }

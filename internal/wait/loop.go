@@ -8,6 +8,7 @@ import (
 
 	"github.com/sqllock/sqllock"
 	"github.com/sqllock/sqllock/internal/backoff"
+	"github.com/sqllock/sqllock/internal/lease"
 	"github.com/sqllock/sqllock/internal/sqlerr"
 )
 
@@ -143,20 +144,21 @@ func Retry(ctx context.Context, f func() error, onRetry func(error)) error {
 
 // Forget deletes what an attempt whose outcome the caller never learnt may have left
 // (a row, a ticket), so that a caller that gives up leaves nothing held behind. It
-// waits at most timeout, whatever ctx says. probe, if set, first looks with a
+// runs for at most timeout, whatever ctx says, and the caller waits for it only until
+// shortly after ctx ends (lease.Settle). probe, if set, first looks with a
 // consistent read, which takes no lock: on MySQL a DELETE or UPDATE locks the row it
 // reads before it compares the owner, so without the probe it would wait for another
 // holder's Check transaction long after the caller gave up. Best effort: what is
 // left expires after its TTL.
 func Forget(ctx context.Context, timeout time.Duration, probe func(context.Context) (bool, error), del func(context.Context) error, log *slog.Logger) {
-	gctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
-	defer cancel()
-	if probe != nil {
-		if mine, err := probe(gctx); err == nil && !mine {
-			return
+	lease.Settle(ctx, timeout, func(gctx context.Context) {
+		if probe != nil {
+			if mine, err := probe(gctx); err == nil && !mine {
+				return
+			}
 		}
-	}
-	if err := Retry(gctx, func() error { return del(gctx) }, nil); err != nil {
-		log.Warn("sqllock: could not delete what an abandoned attempt may have left; it expires after its TTL", "err", err)
-	}
+		if err := Retry(gctx, func() error { return del(gctx) }, nil); err != nil {
+			log.Warn("sqllock: could not delete what an abandoned attempt may have left; it expires after its TTL", "err", err)
+		}
+	})
 }

@@ -1,0 +1,82 @@
+package advisory
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"fmt"
+
+	"github.com/sqllock/sqllock/internal/deploy"
+	"github.com/sqllock/sqllock/internal/interrupt"
+	"github.com/sqllock/sqllock/internal/lease"
+)
+
+// A session lock is only as good as the session: behind a transaction-pooling proxy
+// (pgbouncer pool_mode=transaction, RDS Proxy, Supavisor in transaction mode) the
+// statements of one client connection run on whichever server backend is free, so a
+// lock is taken on one backend, unlocked (or re-entered by another client!) on
+// another, and left held on a pooled backend. The Locker notices it in two ways, at
+// no extra round trip:
+//
+//   - every PostgreSQL locking statement reads the session's stamp (a custom setting,
+//     sqllock.session) before writing its own: the stamp of this client connection,
+//     made of a random per-process part and the identity of the pgx connection. On a
+//     real session the stamp read is empty or its own. Another client's stamp means
+//     that two client connections share a backend: a pooler.
+//   - the keep-alive and a failed unlock compare pg_backend_pid() with the backend
+//     that took the lock.
+//
+// From then on the Locker refuses (ErrUnsafeDeployment): the lease it was taking is
+// given back, the lease whose session moved ends with ErrLost, and the backend left
+// holding a lock is terminated if it is idle (pg_terminate_backend of a backend of
+// the same role: the proxy drops that server connection and the lock dies with it).
+// AcquireTx, whose lock is scoped to the caller's transaction, is the pooler-safe
+// form. In pgbouncer's session mode a client keeps its backend and DISCARD ALL clears
+// both locks and stamp when it leaves: session locks are safe there.
+
+// procStamp is the per-process part of the session stamps.
+var procStamp = func() string {
+	b := make([]byte, 6)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}()
+
+// sessionStamp returns the stamp of conn's client session, or "" with a driver other
+// than pgx (no check then).
+func sessionStamp(conn *sql.Conn) string {
+	pgc := interrupt.PgConn(conn)
+	if pgc == nil {
+		return ""
+	}
+	return fmt.Sprintf("%s-%p", procStamp, pgc)
+}
+
+// foreignStamp reports whether prev, the stamp a locking statement read on its
+// backend, belongs to another client connection than stamp.
+func foreignStamp(stamp string, prev sql.NullString) bool {
+	return stamp != "" && prev.Valid && prev.String != "" && prev.String != stamp
+}
+
+// poolerSeen makes the Locker refuse from now on, with why, and returns the refusal.
+func (l *Locker) poolerSeen(why string) error {
+	err := deploy.Refusal("advisory: " + why + ": a transaction-pooling proxy (pgbouncer pool_mode=transaction?) " +
+		"is between the client and PostgreSQL, so session locks do not stay with the session; " +
+		"use AcquireTx (transaction-scoped locks), a session-mode pool, or a direct connection")
+	if l.st.pooled.CompareAndSwap(nil, &err) {
+		l.cfg.Logger.Error("sqllock/advisory: "+err.Error()+"; the Locker refuses from now on", "dialect", l.dialect.String())
+	}
+	return *l.st.pooled.Load()
+}
+
+// freeBackend ends backend pid if it is idle: a lock left on a pooled server
+// connection dies with it. Best effort: logged, never an error.
+func (l *Locker) freeBackend(ctx context.Context, pid int64) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), lease.GiveBackTimeout)
+	defer cancel()
+	var n int
+	err := l.db.QueryRowContext(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+WHERE pid = $1 AND state = 'idle' AND backend_type = 'client backend'`, pid).Scan(&n)
+	l.cfg.Logger.Warn("sqllock/advisory: terminating the pooled backend left holding a lock",
+		"pid", pid, "terminated", n, "err", err)
+}
