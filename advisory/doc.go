@@ -36,16 +36,28 @@
 // A pinned *sql.Conn never reconnects behind the holder's back (database/sql reports
 // driver.ErrBadConn), and the session id comparison catches any layer that would.
 //
-// # Poolers
+// # Poolers and clusters
 //
 // Session locks do not work behind a pooler in transaction mode (pgbouncer
 // pool_mode=transaction, ProxySQL with multiplexing, Amazon RDS Proxy when not
 // pinned): the next statement may run on another server session, so the lock could
-// be held by a session nobody uses or released by nobody. The keepalive detects a
-// changed backend id and reports ErrLost, but exclusion cannot be trusted meanwhile.
-// Behind such poolers on PostgreSQL use AcquireTx, which holds the lock for one
-// transaction (pg_advisory_xact_lock); on MySQL use a row-based strategy
-// (forupdate, uniqueindex).
+// be held by a session nobody uses, re-entered by another client, or released by
+// nobody. On PostgreSQL the Locker detects it at no extra round trip: each locking
+// statement reads a stamp its client connection left on the session
+// (sqllock.session) and finds another client's, or the keep-alive or an unlock runs
+// on another backend than the lock's. From then on the Locker refuses with
+// sqllock.ErrUnsafeDeployment, gives back what it was taking, ends the held lease
+// with sqllock.ErrLost, and terminates the backend left holding the lock if it is
+// idle. Detection needs the pooler to move a session at least once, so exclusion
+// before that cannot be trusted either: behind such poolers on PostgreSQL use
+// AcquireTx, which holds the lock for one transaction (pg_advisory_xact_lock); on
+// MySQL use a row-based strategy (uniqueindex). pgbouncer in session mode keeps a
+// client on one backend and clears its locks (DISCARD ALL) when it leaves: safe.
+//
+// On a MariaDB Galera node (wsrep_on=ON) GET_LOCK is local to the node: clients of
+// two nodes would both hold the lock. The Locker's first acquisition refuses with
+// sqllock.ErrUnsafeDeployment unless WithGaleraSingleWriter states that every client
+// reaches the same node.
 //
 // # Keys
 //

@@ -59,6 +59,19 @@
 // for writes made through Lease.Tx, which can no longer commit, but not for side
 // effects outside the database: pass Lease.Token to such resources.
 //
+// # Clusters and poolers
+//
+// On a MariaDB Galera node (wsrep_on=ON) a FOR UPDATE row lock is local to the node:
+// clients on two nodes both hold it, and one of them fails only at COMMIT, when
+// certification aborts it (Release then returns an error matching ErrLost, nothing
+// committed). The Locker's first acquisition refuses such a node with
+// sqllock.ErrUnsafeDeployment unless WithGaleraSingleWriter states that every client
+// reaches the same node. On PostgreSQL with asynchronous standbys the Locker logs a
+// warning (tokens may repeat after a failover), or refuses with
+// WithRequireSyncReplication. A transaction-pooling proxy (pgbouncer
+// pool_mode=transaction) keeps a transaction on one server session: forupdate works
+// there (with pgx's default_query_exec_mode=simple_protocol).
+//
 // # What ends a lock early
 //
 // On MySQL a DDL statement or LOCK TABLES inside the transaction commits it

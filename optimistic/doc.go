@@ -44,4 +44,13 @@
 // Leases and versions are as durable as the database: a failover to an asynchronous
 // replica that missed the last commits can forget a lease or hand a version out
 // again.
+//
+// The Locker checks it before its first acquisition: on a PostgreSQL primary whose
+// standbys replicate asynchronously it logs one warning, or refuses with
+// sqllock.ErrUnsafeDeployment under WithRequireSyncReplication. With a synchronous
+// standby a failover keeps leases and tokens (the ha suite kills the primary and
+// promotes the standby). An attempt the caller gave up on whose commit the server
+// finishes later (waiting for a synchronous standby that is away) deletes its row
+// once the server answers: no lease of an exited caller stays live. On a Galera
+// cluster the lease row is certified cluster-wide: safe from any node.
 package optimistic
