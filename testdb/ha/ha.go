@@ -86,6 +86,7 @@ type Lab struct {
 	ctr    testcontainers.Container          // container mode
 	host   string                            // where the DSNs connect
 	ports  map[string]string                 // lab port -> port on host
+	ctlMu  sync.Mutex                        // one ha-lab command at a time
 	mu     sync.Mutex                        // guards the fields below
 	pgRole struct{ primary, standby string } // lab ports of the current primary and standby
 }
@@ -260,8 +261,11 @@ func findScript() (string, error) {
 }
 
 // run runs `ha-lab args...` in the lab and returns its combined output; an exit
-// code other than 0 is an error that carries the output.
+// code other than 0 is an error that carries the output. Commands run one at a
+// time (ha-lab does not lock).
 func (l *Lab) run(ctx context.Context, args ...string) (string, error) {
+	l.ctlMu.Lock()
+	defer l.ctlMu.Unlock()
 	name := "ha-lab " + strings.Join(args, " ")
 	if l.local {
 		cmd := exec.CommandContext(ctx, l.script, args...)
