@@ -4,15 +4,45 @@
 // Usage:
 //
 //	sqllock [-dsn DSN] migrate up|down|version
-//	sqllock [-dsn DSN] status
+//	sqllock [-dsn DSN] status [--json] [--watch[=2s]] [-name NAME]... [-namespace NS]
 //	sqllock [-dsn DSN] force-release [-now] NAME
 //
 // The DSN comes from -dsn or the environment variable SQLLOCK_DSN: a PostgreSQL URL
 // or key=value string (postgres://user@host/db) for pgx, otherwise a go-sql-driver
 // DSN (user:pass@tcp(host:3306)/db). The dialect is asked from the server.
 //
-// status lists the uniqueindex leases (name, owner host and pid, hold count, token,
-// time left by the database clock).
+// status lists the held locks of every strategy with their holders and waiters:
+// uniqueindex lease rows and optimistic rows (holder host and pid, token, time left by
+// the database clock; their waiters wait in their own processes, unseen), fairqueue
+// tickets (the lowest holds, the others wait in ticket order), forupdate row locks
+// (the holding transaction's session, and the sessions waiting for the row) and
+// advisory locks (pg_locks with pg_stat_activity; performance_schema.metadata_locks
+// on MySQL; on MariaDB METADATA_LOCK_INFO if installed, else IS_USED_LOCK on the names
+// it knows, with waiters from the processlist). Advisory keys are hashes: status maps
+// them back to names by hashing every name recorded in the library's tables and those
+// given with -name (advisory tokens on PostgreSQL record no name), and says "unknown
+// name" otherwise. What the server does not let it see is said in notes (on MariaDB,
+// InnoDB shows a forupdate row lock only while someone waits for it).
+//
+// status --json prints one JSON document, a list of locks:
+//
+//	[{"strategy": "uniqueindex|optimistic|fairqueue|forupdate|advisory",
+//	  "name": "jobs/x" or null (unknown name),
+//	  "key": hex SHA-256 of the name (row strategies), "pg:K1:K2" or "pg:bigint:K"
+//	         (PostgreSQL advisory), "sqllock:<hex>" (MySQL advisory),
+//	  "holder": PARTY or null,
+//	  "token": the holder's fencing token where the server shows it, or null,
+//	  "since": acquisition time (RFC 3339, database clock, UTC) or null,
+//	  "expires_in": seconds left of a row lease (<= 0: expired) or null,
+//	  "waiters": [PARTY, ...] in queue order where known,
+//	  "note": what could not be seen about this lock, or ""}]
+//	PARTY: {"host", "pid" (client process, where recorded), "session" (backend pid,
+//	        connection id), "application", "state", "ticket" (fairqueue waiters),
+//	        "since" (waiting since)}, each null when unknown.
+//
+// Notes about the server go to standard error. --watch refreshes every interval
+// (clearing the screen on a terminal, separating snapshots with "---" otherwise)
+// until interrupted.
 //
 // force-release revokes a lease: its holder's next renewal fails, so the holder
 // reports ErrLost within one keep-alive interval, and the row stays until its
@@ -37,8 +67,6 @@ import (
 	"os/signal"
 	"strconv"
 	"strings"
-	"text/tabwriter"
-	"time"
 	"unicode/utf8"
 
 	_ "github.com/go-sql-driver/mysql"
@@ -60,9 +88,12 @@ func main() {
 
 const usage = `usage:
   sqllock [-dsn DSN] migrate up|down|version
-  sqllock [-dsn DSN] status
+  sqllock [-dsn DSN] status [--json] [--watch[=2s]] [-name NAME]... [-namespace NS]
   sqllock [-dsn DSN] force-release [-now] NAME
-The DSN comes from -dsn or SQLLOCK_DSN.`
+The DSN comes from -dsn or SQLLOCK_DSN.
+status --json prints a list of {strategy, name (null: unknown), key, holder, token,
+since, expires_in (s), waiters, note}; holder and waiters are {host, pid, session,
+application, state, ticket, since}; unknown values are null (see go doc).`
 
 var errUsage = errors.New("bad usage")
 
@@ -99,8 +130,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	switch {
 	case rest[0] == "migrate" && len(rest) == 2:
 		return migrate(ctx, db, d, rest[1], stdout)
-	case rest[0] == "status" && len(rest) == 1:
-		return status(ctx, db, d, stdout)
+	case rest[0] == "status":
+		return statusCmd(ctx, db, d, rest[1:], stdout, stderr)
 	case rest[0] == "force-release" && len(rest) == 2:
 		return forceRelease(ctx, db, d, rest[1], false, stdout)
 	case rest[0] == "force-release" && len(rest) == 3 && (rest[1] == "-now" || rest[1] == "--now"):
@@ -133,54 +164,6 @@ func migrate(ctx context.Context, db *sql.DB, d sqllock.Dialect, what string, ou
 		fmt.Fprint(out, " (dirty: a migration failed half-way)")
 	}
 	fmt.Fprintln(out)
-	return nil
-}
-
-const (
-	statusPostgres = `SELECT name, host, pid, holds, token, acquired_at,
-  floor(extract(epoch FROM (expires_at - clock_timestamp())) * 1000000)::bigint
-FROM sqllock_lease ORDER BY name`
-	statusMySQL = `SELECT name, host, pid, holds, token, CAST(acquired_at AS CHAR),
-  TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at)
-FROM sqllock_lease ORDER BY name`
-)
-
-func status(ctx context.Context, db *sql.DB, d sqllock.Dialect, out io.Writer) error {
-	q := statusPostgres
-	if d == sqllock.MySQL {
-		q = statusMySQL
-	}
-	rows, err := db.QueryContext(ctx, q)
-	if err != nil {
-		return err
-	}
-	defer rows.Close()
-	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "NAME\tHOST\tPID\tHOLDS\tTOKEN\tACQUIRED\tLEFT")
-	n := 0
-	for rows.Next() {
-		var (
-			name, acquired []byte
-			host           string
-			pid, token     int64
-			holds          int
-			left           int64
-		)
-		if err := rows.Scan(&name, &host, &pid, &holds, &token, &acquired, &left); err != nil {
-			return err
-		}
-		leftS := (time.Duration(left) * time.Microsecond).Round(time.Millisecond).String()
-		if left <= 0 {
-			leftS = "expired"
-		}
-		fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%d\t%s\t%s\n", display(string(name)), host, pid, holds, token, acquired, leftS)
-		n++
-	}
-	if err := rows.Err(); err != nil {
-		return err
-	}
-	w.Flush()
-	fmt.Fprintf(out, "%d leases\n", n)
 	return nil
 }
 

@@ -60,14 +60,14 @@ func TestStatusAndForceRelease(t *testing.T) {
 		}
 		var line string
 		for _, ln := range strings.Split(out, "\n") {
-			if strings.HasPrefix(ln, name) {
+			if f := strings.Fields(ln); len(f) > 1 && f[0] == "uniqueindex" && f[1] == name {
 				line = ln
 			}
 		}
 		if line == "" {
 			t.Fatalf("status does not list %q:\n%s", name, out)
 		}
-		if f := strings.Fields(line); len(f) < 5 || f[4] != strconv.FormatInt(lease.Token(), 10) {
+		if f := strings.Fields(line); len(f) < 3 || f[2] != strconv.FormatInt(lease.Token(), 10) {
 			t.Errorf("status line %q does not show token %d", line, lease.Token())
 		}
 		got := make(chan time.Time, 1)
