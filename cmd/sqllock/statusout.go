@@ -168,7 +168,8 @@ func writeTable(out io.Writer, snap *snapshot) {
 	w.Flush()
 	fmt.Fprintf(out, "%d locks\n", len(snap.Locks))
 	for _, l := range snap.Locks {
-		if l.Note != "" && (l.Name == nil || !strings.HasPrefix(l.Note, "waiters")) {
+		// The notes every lock of a strategy has are in the JSON only.
+		if l.Note != "" && !strings.HasPrefix(l.Note, "waiters") && !strings.HasPrefix(l.Note, "a semaphore") {
 			n := "?"
 			if l.Name != nil {
 				n = display(*l.Name)
