@@ -241,7 +241,7 @@ func (l *Locker) enqueue(ctx context.Context, op, name string, key []byte, tm le
 		}
 	}
 	if err != nil {
-		if wait.OutcomeUnknown(err) {
+		if wait.OutcomeUnknown(err) || errors.Is(err, errTicketLeft) {
 			l.forget(ctx, key, owner)
 		}
 		if ctx.Err() != nil {
@@ -255,14 +255,22 @@ func (l *Locker) enqueue(ctx context.Context, op, name string, key []byte, tm le
 	return l.newLease(name, key, owner, ticket, tm, start), nil
 }
 
+// errTicketLeft marks a draw that failed after its ticket was inserted and could not
+// take it out.
+var errTicketLeft = errors.New("a ticket was drawn but the draw failed")
+
 // draw inserts a ticket and returns its number and when the statement that set its
 // expiry was sent.
 func (l *Locker) draw(ctx context.Context, key []byte, name string, owner []byte, ttl time.Duration) (int64, time.Time, error) {
 	us := ttl.Microseconds()
 	start := l.b.Now()
 	if l.b.Dialect == sqllock.Postgres {
+		// On a connection whose wait is cancelled when ctx ends: a draw whose commit
+		// waits for a synchronous standby must not commit after forget looked.
 		var t int64
-		err := l.b.Stmts.QueryRow(ctx, enqueuePostgres, key, []byte(name), owner, us, l.b.Host, l.b.PID).Scan(&t)
+		err := l.b.OnConn(ctx, "fairqueue draw", func(qctx context.Context, conn *sql.Conn) error {
+			return conn.QueryRowContext(qctx, enqueuePostgres, key, []byte(name), owner, us, l.b.Host, l.b.PID).Scan(&t)
+		})
 		return t, start, err
 	}
 	for created := false; ; {
@@ -295,7 +303,14 @@ func (l *Locker) draw(ctx context.Context, key []byte, name string, owner []byte
 		if err != nil {
 			return 0, start, err
 		}
-		_, err = l.b.Stmts.Exec(ctx, bumpMySQL, t, key)
+		if _, err = l.b.Stmts.Exec(ctx, bumpMySQL, t, key); err != nil {
+			// The ticket is in, the dispenser not bumped (a deadlock; on Galera a
+			// certification conflict): take the ticket out, or a retry, which draws
+			// another ticket for this owner, would wait behind it until it expires.
+			if _, derr := l.b.Stmts.Exec(ctx, forgetMySQL, key, owner); derr != nil {
+				return 0, start, fmt.Errorf("%w: %w (removing its ticket: %w)", errTicketLeft, err, derr)
+			}
+		}
 		return t, start, err
 	}
 }

@@ -98,7 +98,7 @@ SELECT pg_notify('` + channel + `', encode(lock_key, 'hex') || ':' || ticket::te
 
 	// forget deletes the tickets of an acquisition whose enqueue outcome the caller
 	// never learnt and that it gave up (owners are unique per acquisition).
-	forgetPostgres = `WITH d AS (DELETE FROM sqllock_ticket WHERE lock_key = $1 AND owner = $2 RETURNING lock_key, ticket)
+	forgetPostgres = `WITH d AS (DELETE FROM sqllock_ticket WHERE lock_key = $1 AND owner = $2 AND ` + rowlease.AsyncRelease + ` RETURNING lock_key, ticket)
 SELECT count(*) FROM (SELECT pg_notify('` + channel + `', encode(lock_key, 'hex') || ':' || ticket::text) FROM d) n`
 	forgetMySQL = `DELETE FROM sqllock_ticket WHERE lock_key = ? AND owner = ?`
 

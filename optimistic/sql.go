@@ -92,7 +92,7 @@ WHERE lock_key = ? AND version = ? AND owner = ?`
 	// and that it gave up (owners are unique per acquisition).
 	forgetPostgres = `WITH u AS (
   UPDATE sqllock_optimistic SET holds = 0, owner = ''::bytea, expires_at = clock_timestamp()
-  WHERE lock_key = $1 AND owner = $2 RETURNING lock_key
+  WHERE lock_key = $1 AND owner = $2 AND ` + rowlease.AsyncRelease + ` RETURNING lock_key
 )
 SELECT count(*), string_agg(pg_notify('` + channel + `', encode(lock_key, 'hex'))::text, '') FROM u`
 	forgetMySQL = `UPDATE sqllock_optimistic SET holds = 0, owner = '', expires_at = UTC_TIMESTAMP(6) WHERE lock_key = ? AND owner = ?`

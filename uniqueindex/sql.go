@@ -123,7 +123,7 @@ SELECT CASE WHEN waiters THEN pg_notify('` + channel + `', encode(lock_key, 'hex
 
 	// forget deletes the row of an acquisition whose outcome the caller never learnt
 	// and that it gave up (owners are unique per acquisition).
-	forgetPostgres = `WITH d AS (DELETE FROM sqllock_lease WHERE lock_key = $1 AND owner = $2 RETURNING lock_key)
+	forgetPostgres = `WITH d AS (DELETE FROM sqllock_lease WHERE lock_key = $1 AND owner = $2 AND ` + rowlease.AsyncRelease + ` RETURNING lock_key)
 SELECT count(*), string_agg(pg_notify('` + channel + `', encode(lock_key, 'hex'))::text, '') FROM d`
 	forgetMySQL = `DELETE FROM sqllock_lease WHERE lock_key = ? AND owner = ?`
 	// forgetProbeMySQL looks for that row without locking it (see Locker.forget).

@@ -99,7 +99,6 @@ import (
 
 	"github.com/sqllock/sqllock"
 	"github.com/sqllock/sqllock/internal/fence"
-	"github.com/sqllock/sqllock/internal/interrupt"
 	"github.com/sqllock/sqllock/internal/lease"
 	"github.com/sqllock/sqllock/internal/namekey"
 	"github.com/sqllock/sqllock/internal/rowlease"
@@ -297,7 +296,7 @@ func (l *Locker) attempt(ctx context.Context, key []byte, name string, owner []b
 	if l.b.Dialect == sqllock.Postgres {
 		var tok, holds, rem int64
 		var res attemptResult
-		err := l.onConn(actx, func(qctx context.Context, conn *sql.Conn) error {
+		err := l.b.OnConn(actx, "uniqueindex attempt", func(qctx context.Context, conn *sql.Conn) error {
 			// The grant's clock starts when the statement is sent, not before the
 			// connection was obtained (possibly dialled).
 			res.start = l.b.Now()
@@ -336,21 +335,6 @@ func (l *Locker) attempt(ctx context.Context, key []byte, name string, owner []b
 	// Inserted (1 row), or overtaken by a later fence increment (no row): the same
 	// count with or without clientFoundRows.
 	return attemptResult{ok: n == 1, token: t, start: start}, nil
-}
-
-// onConn runs a PostgreSQL statement on a connection of its own whose wait the
-// server abandons when ctx ends (a cancel request, see internal/interrupt), so that
-// no backend goes on waiting, and maybe commits, after the caller gave up.
-func (l *Locker) onConn(ctx context.Context, stmt func(qctx context.Context, conn *sql.Conn) error) error {
-	conn, err := l.b.DB.Conn(ctx)
-	if err != nil {
-		return err
-	}
-	dirty, err := interrupt.Interrupter{DB: l.b.DB, Logger: l.b.Cfg.Logger}.Run(ctx,
-		interrupt.Target{PgConn: interrupt.PgConn(conn), Label: "uniqueindex attempt"}, false,
-		func(qctx context.Context) error { return stmt(qctx, conn) })
-	interrupt.Release(conn, dirty)
-	return err
 }
 
 // forget deletes the row an attempt of owner may have committed without the caller

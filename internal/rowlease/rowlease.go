@@ -18,6 +18,7 @@ import (
 
 	"github.com/sqllock/sqllock"
 	"github.com/sqllock/sqllock/internal/deploy"
+	"github.com/sqllock/sqllock/internal/interrupt"
 	"github.com/sqllock/sqllock/internal/lease"
 	"github.com/sqllock/sqllock/internal/namekey"
 	"github.com/sqllock/sqllock/internal/prep"
@@ -41,6 +42,8 @@ const (
 // held by a holder that is gone, until it expires (a TTL). Any acquisition that saw
 // the release commits synchronously, and WAL is flushed in order, so a durable
 // acquisition implies a durable release before it: the lock is never granted twice.
+// The forget of an attempt of unknown outcome uses it too, for the same reason, and
+// so that it never waits for a synchronous standby that is away.
 const AsyncRelease = "set_config('synchronous_commit', 'off', true) IS NOT NULL"
 
 // Config is the configuration of a row strategy's Locker.
@@ -219,6 +222,23 @@ func Check(ctx context.Context, core *lease.Lease, tx *sql.Tx, query string, arg
 		return core.Label().Err("check", nil, err)
 	}
 	return nil
+}
+
+// OnConn runs a PostgreSQL statement on a connection of its own whose wait the
+// server abandons when ctx ends (a cancel request, see internal/interrupt), so that
+// no backend goes on waiting, and maybe commits, after the caller gave up: a commit
+// waiting for a synchronous standby is cancelled too, which makes it visible on the
+// primary at once, where the caller's forget finds and deletes it.
+func (b *Locker) OnConn(ctx context.Context, label string, stmt func(qctx context.Context, conn *sql.Conn) error) error {
+	conn, err := b.DB.Conn(ctx)
+	if err != nil {
+		return err
+	}
+	dirty, err := interrupt.Interrupter{DB: b.DB, Logger: b.Cfg.Logger}.Run(ctx,
+		interrupt.Target{PgConn: interrupt.PgConn(conn), Label: label}, false,
+		func(qctx context.Context) error { return stmt(qctx, conn) })
+	interrupt.Release(conn, dirty)
+	return err
 }
 
 // Prelude checks an acquisition before its own SQL is sent: the name, the options
