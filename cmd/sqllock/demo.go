@@ -76,7 +76,10 @@ func demo(ctx context.Context, args []string, dsn string, stdout, stderr io.Writ
 	noTTY := fs.Bool("no-tty", false, "print plain lines (the default when stdout is not a terminal)")
 	image := fs.String("image", "postgres:17", "the image of the container started without -dsn")
 	fs.Usage = func() { fmt.Fprintln(stderr, demoUsage) }
-	if err := fs.Parse(args); err != nil || fs.NArg() > 0 || *replicas < 1 || *duration <= 0 || *job <= 0 {
+	if err := fs.Parse(args); err != nil {
+		return parseErr(err) // Parse printed the usage
+	}
+	if fs.NArg() > 0 || *replicas < 1 || *duration <= 0 || *job <= 0 {
 		fs.Usage()
 		return errUsage
 	}

@@ -91,7 +91,12 @@ import (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
+	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	switch {
+	case errors.Is(err, errHelp):
+	case errors.Is(err, errUsage):
+		os.Exit(2)
+	case err != nil:
 		fmt.Fprintln(os.Stderr, "sqllock:", err)
 		os.Exit(1)
 	}
@@ -109,6 +114,17 @@ application, state, ticket, since}; unknown values are null (see go doc).`
 
 var errUsage = errors.New("bad usage")
 
+// errHelp: the usage was asked for (-h) and printed; exit 0.
+var errHelp = errors.New("help")
+
+// parseErr is the error of a failed flag.Parse, which printed the usage already.
+func parseErr(err error) error {
+	if errors.Is(err, flag.ErrHelp) {
+		return errHelp
+	}
+	return errUsage
+}
+
 // driverFor picks the database/sql driver of a DSN by its form.
 func driverFor(dsn string) string {
 	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") || strings.Contains(dsn, "host=") {
@@ -123,7 +139,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	dsn := fs.String("dsn", os.Getenv("SQLLOCK_DSN"), "database DSN (default $SQLLOCK_DSN)")
 	fs.Usage = func() { fmt.Fprintln(stderr, usage) }
 	if err := fs.Parse(args); err != nil {
-		return errUsage
+		return parseErr(err)
 	}
 	rest := fs.Args()
 	if len(rest) > 0 && rest[0] == "demo" {

@@ -68,7 +68,10 @@ func statusCmd(ctx context.Context, db *sql.DB, d sqllock.Dialect, args []string
 	fs.Var((*stringList)(&o.names), "name", "a lock name to recognise advisory keys by (repeatable)")
 	fs.StringVar(&o.namespace, "namespace", "", "the advisory Lockers' namespace (default: sqllock on PostgreSQL, the database on MySQL)")
 	fs.Usage = func() { fmt.Fprintln(stderr, usage) }
-	if err := fs.Parse(args); err != nil || fs.NArg() > 0 {
+	if err := fs.Parse(args); err != nil {
+		return parseErr(err) // Parse printed the usage
+	}
+	if fs.NArg() > 0 {
 		fs.Usage()
 		return errUsage
 	}
