@@ -43,82 +43,49 @@ type lockerOpts struct {
 // closer is what the Lockers of this module have to stop their background work.
 type closer interface{ Close() error }
 
+// optionSet names a strategy's option constructors; a nil one is not offered by the
+// strategy (or not used here).
+type optionSet[O any] struct {
+	singleWriter, requireSync func() O
+	logger                    func(*slog.Logger) O
+	ttl, poll                 func(time.Duration) O
+}
+
+// build returns the options o asks for.
+func (s optionSet[O]) build(o lockerOpts) []O {
+	var opts []O
+	add := func(want bool, f func() O) {
+		if want && f != nil {
+			opts = append(opts, f())
+		}
+	}
+	add(o.singleWriter, s.singleWriter)
+	add(o.requireSync, s.requireSync)
+	add(o.logger != nil && s.logger != nil, func() O { return s.logger(o.logger) })
+	add(o.ttl != 0 && s.ttl != nil, func() O { return s.ttl(o.ttl) })
+	add(o.poll != 0 && s.poll != nil, func() O { return s.poll(o.poll) })
+	return opts
+}
+
 // newLocker builds a Locker of strategy ("uniqueindex", "optimistic", "fairqueue",
 // "forupdate", "advisory") on db with the strategy's public options only.
 func newLocker(strategy string, db *sql.DB, d sqllock.Dialect, o lockerOpts) (sqllock.Locker, error) {
 	switch strategy {
 	case "uniqueindex":
-		var opts []uniqueindex.Option
-		if o.requireSync {
-			opts = append(opts, uniqueindex.WithRequireSyncReplication())
-		}
-		if o.logger != nil {
-			opts = append(opts, uniqueindex.WithLogger(o.logger))
-		}
-		if o.ttl != 0 {
-			opts = append(opts, uniqueindex.WithTTL(o.ttl))
-		}
-		if o.poll != 0 {
-			opts = append(opts, uniqueindex.WithPollInterval(o.poll))
-		}
-		return uniqueindex.New(db, d, opts...)
+		return uniqueindex.New(db, d, optionSet[uniqueindex.Option]{nil, uniqueindex.WithRequireSyncReplication,
+			uniqueindex.WithLogger, uniqueindex.WithTTL, uniqueindex.WithPollInterval}.build(o)...)
 	case "optimistic":
-		var opts []optimistic.Option
-		if o.requireSync {
-			opts = append(opts, optimistic.WithRequireSyncReplication())
-		}
-		if o.logger != nil {
-			opts = append(opts, optimistic.WithLogger(o.logger))
-		}
-		if o.ttl != 0 {
-			opts = append(opts, optimistic.WithTTL(o.ttl))
-		}
-		if o.poll != 0 {
-			opts = append(opts, optimistic.WithPollInterval(o.poll))
-		}
-		return optimistic.New(db, d, opts...)
+		return optimistic.New(db, d, optionSet[optimistic.Option]{nil, optimistic.WithRequireSyncReplication,
+			optimistic.WithLogger, optimistic.WithTTL, optimistic.WithPollInterval}.build(o)...)
 	case "fairqueue":
-		var opts []fairqueue.Option
-		if o.requireSync {
-			opts = append(opts, fairqueue.WithRequireSyncReplication())
-		}
-		if o.logger != nil {
-			opts = append(opts, fairqueue.WithLogger(o.logger))
-		}
-		if o.ttl != 0 {
-			opts = append(opts, fairqueue.WithTTL(o.ttl))
-		}
-		if o.poll != 0 {
-			opts = append(opts, fairqueue.WithPollInterval(o.poll))
-		}
-		return fairqueue.New(db, d, opts...)
+		return fairqueue.New(db, d, optionSet[fairqueue.Option]{nil, fairqueue.WithRequireSyncReplication,
+			fairqueue.WithLogger, fairqueue.WithTTL, fairqueue.WithPollInterval}.build(o)...)
 	case "forupdate":
-		var opts []forupdate.Option
-		if o.singleWriter {
-			opts = append(opts, forupdate.WithGaleraSingleWriter())
-		}
-		if o.requireSync {
-			opts = append(opts, forupdate.WithRequireSyncReplication())
-		}
-		if o.logger != nil {
-			opts = append(opts, forupdate.WithLogger(o.logger))
-		}
-		if o.ttl != 0 {
-			opts = append(opts, forupdate.WithTTL(o.ttl))
-		}
-		return forupdate.New(db, d, opts...)
+		return forupdate.New(db, d, optionSet[forupdate.Option]{forupdate.WithGaleraSingleWriter, forupdate.WithRequireSyncReplication,
+			forupdate.WithLogger, forupdate.WithTTL, nil}.build(o)...)
 	case "advisory":
-		var opts []advisory.Option
-		if o.singleWriter {
-			opts = append(opts, advisory.WithGaleraSingleWriter())
-		}
-		if o.logger != nil {
-			opts = append(opts, advisory.WithLogger(o.logger))
-		}
-		if o.ttl != 0 {
-			opts = append(opts, advisory.WithTTL(o.ttl))
-		}
-		return advisory.New(db, d, opts...)
+		return advisory.New(db, d, optionSet[advisory.Option]{advisory.WithGaleraSingleWriter, nil,
+			advisory.WithLogger, advisory.WithTTL, nil}.build(o)...)
 	}
 	return nil, fmt.Errorf("unknown strategy %q", strategy)
 }
