@@ -49,7 +49,9 @@ func sessionStamp(conn *sql.Conn) string {
 	if pgc == nil {
 		return ""
 	}
-	return fmt.Sprintf("%s-%p", procStamp, pgc)
+	// The backend key the client was given at connect: unique per server session,
+	// and per client connection behind pgbouncer (which hands out its own).
+	return fmt.Sprintf("%s-%d-%x", procStamp, pgc.PID(), pgc.SecretKey())
 }
 
 // foreignStamp reports whether prev, the stamp a locking statement read on its
@@ -69,14 +71,16 @@ func (l *Locker) poolerSeen(why string) error {
 	return *l.st.pooled.Load()
 }
 
-// freeBackend ends backend pid if it is idle: a lock left on a pooled server
-// connection dies with it. Best effort: logged, never an error.
+// freeBackend ends backend pid if it is an idle session of this role holding an
+// advisory lock: a lock left on a pooled server connection dies with it. Best
+// effort: logged, never an error.
 func (l *Locker) freeBackend(ctx context.Context, pid int64) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), lease.GiveBackTimeout)
 	defer cancel()
 	var n int
-	err := l.db.QueryRowContext(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
-WHERE pid = $1 AND state = 'idle' AND backend_type = 'client backend'`, pid).Scan(&n)
+	err := l.db.QueryRowContext(ctx, `SELECT count(pg_terminate_backend(a.pid)) FROM pg_stat_activity a
+WHERE a.pid = $1 AND a.state = 'idle' AND a.backend_type = 'client backend' AND a.usename = current_user
+  AND EXISTS (SELECT 1 FROM pg_locks k WHERE k.pid = a.pid AND k.locktype = 'advisory' AND k.granted)`, pid).Scan(&n)
 	l.cfg.Logger.Warn("sqllock/advisory: terminating the pooled backend left holding a lock",
 		"pid", pid, "terminated", n, "err", err)
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/sqllock/sqllock/internal/fence"
 	"github.com/sqllock/sqllock/internal/interrupt"
+	"github.com/sqllock/sqllock/internal/lease"
 	"github.com/sqllock/sqllock/internal/pin"
 )
 
@@ -111,10 +112,11 @@ func (l *Locker) pgLock(ctx context.Context, conn *sql.Conn, id lockID, wait boo
 	}
 	if err == nil && foreignStamp(stamp, prev) {
 		// Another client's session: whatever was taken here is not ours to keep.
-		if ok {
-			_, _ = conn.ExecContext(context.WithoutCancel(ctx), st.unlock, id.pgArgs()...)
+		refusal := l.poolerSeen(fmt.Sprintf("backend %d carries another client connection's session", sid))
+		if ok && !l.unlockOn(ctx, conn, id, sid) {
+			l.freeBackend(ctx, sid)
 		}
-		return sid, 0, false, true, l.poolerSeen(fmt.Sprintf("backend %d carries another client connection's session", sid))
+		return sid, 0, false, true, refusal
 	}
 	if ok && l.cfg.token {
 		if tok, err = fence.Drawn(ctx, t, conn, l.db); err != nil {
@@ -122,6 +124,17 @@ func (l *Locker) pgLock(ctx context.Context, conn *sql.Conn, id lockID, wait boo
 		}
 	}
 	return sid, tok, ok, dirty, err
+}
+
+// unlockOn gives back the lock just taken on backend sid through conn, and reports
+// whether the unlock ran there and released it (behind a pooler it may run on
+// another backend). Bounded by lease.GiveBackTimeout whatever ctx says.
+func (l *Locker) unlockOn(ctx context.Context, conn *sql.Conn, id lockID, sid int64) bool {
+	gctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), lease.GiveBackTimeout)
+	defer cancel()
+	var pid int64
+	err := conn.QueryRowContext(gctx, "SELECT pg_backend_pid() FROM ("+l.pgStmts(id).unlock+") u", id.pgArgs()...).Scan(&pid)
+	return err == nil && pid == sid
 }
 
 func (l *Locker) interrupter() interrupt.Interrupter {

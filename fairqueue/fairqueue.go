@@ -308,7 +308,9 @@ func (l *Locker) draw(ctx context.Context, key []byte, name string, owner []byte
 			// certification conflict): take the ticket out, or a retry, which draws
 			// another ticket for this owner, would wait behind it until it expires.
 			if _, derr := l.b.Stmts.Exec(ctx, forgetMySQL, key, owner); derr != nil {
-				return 0, start, fmt.Errorf("%w: %w (removing its ticket: %w)", errTicketLeft, err, derr)
+				// Not transient (the causes are not wrapped): no retry draws behind it;
+				// enqueue forgets the owner's tickets instead.
+				return 0, start, fmt.Errorf("%w: %v (removing its ticket: %v)", errTicketLeft, err, derr)
 			}
 		}
 		return t, start, err

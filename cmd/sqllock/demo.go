@@ -191,6 +191,10 @@ func demo(ctx context.Context, args []string, dsn string, stdout, stderr io.Writ
 	switch {
 	case st.overlaps > 0:
 		return fmt.Errorf("demo: %d overlaps: two replicas held the lock at once", st.overlaps)
+	case st.acquisitions == 0 && st.firstErr != nil:
+		return fmt.Errorf("demo: no replica acquired the lock: %w", st.firstErr)
+	case st.acquisitions == 0:
+		return errors.New("demo: no replica acquired the lock")
 	case !st.tokensOK:
 		return errors.New("demo: a token was not greater than the one before it")
 	}
@@ -218,6 +222,7 @@ type demoState struct {
 	overlaps     int
 	losses       int
 	errors       int
+	firstErr     error    // the first acquisition error
 	events       []string // the last events, for the terminal view
 }
 
@@ -252,6 +257,9 @@ func (s *demoState) run(ctx context.Context, r int, l sqllock.Locker, name strin
 			}
 			s.mu.Lock()
 			s.errors++
+			if s.firstErr == nil {
+				s.firstErr = err
+			}
 			s.states[r] = "error"
 			s.logf("%s replica=%d error: %v", s.t(), r, err)
 			s.mu.Unlock()

@@ -13,6 +13,7 @@ import (
 
 	"github.com/sqllock/sqllock"
 	"github.com/sqllock/sqllock/advisory"
+	"github.com/sqllock/sqllock/internal/sqlerr"
 )
 
 // Lock is one entry of `sqllock status --json`: a held lock (or, for uniqueindex and
@@ -147,25 +148,29 @@ func collect(ctx context.Context, db *sql.DB, d sqllock.Dialect, o statusOpts) (
 		return nil, err
 	}
 	snap := &snapshot{}
-	for _, f := range []func(context.Context, *sql.DB, *sqlDialect, *snapshot) error{
-		leaseLocks, optimisticLocks, fairqueueLocks,
-	} {
-		if err := f(ctx, db, s, snap); err != nil {
-			return nil, err
+	advisory := func(ctx context.Context, db *sql.DB, s *sqlDialect, snap *snapshot) error {
+		if d == sqllock.Postgres {
+			return pgAdvisoryLocks(ctx, db, s, snap, o)
 		}
+		return myAdvisoryLocks(ctx, db, s, snap, o)
 	}
+	rowLocks := myRowLocks
 	if d == sqllock.Postgres {
-		if err := pgRowLocks(ctx, db, s, snap); err != nil {
-			return nil, err
-		}
-		if err := pgAdvisoryLocks(ctx, db, s, snap, o); err != nil {
-			return nil, err
-		}
-	} else {
-		if err := myRowLocks(ctx, db, s, snap); err != nil {
-			return nil, err
-		}
-		if err := myAdvisoryLocks(ctx, db, s, snap, o); err != nil {
+		rowLocks = pgRowLocks
+	}
+	for _, f := range []struct {
+		what string
+		read func(context.Context, *sql.DB, *sqlDialect, *snapshot) error
+	}{
+		{"uniqueindex", leaseLocks}, {"optimistic", optimisticLocks}, {"fairqueue", fairqueueLocks},
+		{"forupdate", rowLocks}, {"advisory", advisory},
+	} {
+		if err := f.read(ctx, db, s, snap); err != nil {
+			// A view the user may not read hides that strategy only.
+			if sqlerr.IsCode(err, "42501") || sqlerr.IsCode(err, "1227") || sqlerr.IsCode(err, "1142") || sqlerr.IsCode(err, "1143") {
+				snap.Notes = append(snap.Notes, f.what+": not visible to this user: "+err.Error())
+				continue
+			}
 			return nil, err
 		}
 	}

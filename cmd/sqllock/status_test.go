@@ -170,3 +170,40 @@ func checkListed(locks []Lock, names map[string]string, _ string, wantWaiter fun
 func identified(p Party) bool {
 	return p.Host != nil && *p.Host != "" && p.PID != nil && *p.PID > 0 || p.Session != nil && *p.Session > 0
 }
+
+// TestStatusWithoutLockViews: a user who may read the library's tables but not the
+// server's lock views (performance_schema, INNODB_LOCK_WAITS without PROCESS) still
+// gets every lease row; what it cannot see is a note, not a failure.
+func TestStatusWithoutLockViews(t *testing.T) {
+	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
+		ctx := testdb.Context(t, time.Minute)
+		l, err := uniqueindex.New(testdb.Open(t, d), d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		name := testdb.Name(t, "status-low")
+		le, err := l.Acquire(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer le.Release(ctx)
+		var grants []string
+		for _, tbl := range []string{"sqllock_fence", "sqllock_lease", "sqllock_optimistic", "sqllock_ticket", "sqllock_queue", "sqllock_rowlock"} {
+			grants = append(grants, "SELECT ON "+tbl)
+		}
+		low := testdb.OpenAs(t, d, grants...)
+		snap, err := collect(ctx, low, d, statusOpts{})
+		if err != nil {
+			t.Fatalf("status as a user without the lock views: %v", err)
+		}
+		found := false
+		for _, lk := range snap.Locks {
+			found = found || (lk.Name != nil && *lk.Name == name && lk.Strategy == "uniqueindex")
+		}
+		if !found {
+			t.Errorf("the held lease %q is not listed: %+v", name, snap.Locks)
+		}
+		t.Logf("notes: %q", snap.Notes)
+	})
+}

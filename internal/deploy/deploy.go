@@ -13,9 +13,9 @@
 //     with Config.RequireSyncReplication it refuses instead.
 //
 // The check runs before the first acquisition's own statement (one round trip, once
-// per Locker; an error of the probe is returned and the probe runs again next time)
-// and its outcome is kept for the Locker's life: a deployment changed later (a
-// standby added, wsrep switched) is not noticed until a new Locker is made.
+// per Locker; a probe cut short by the caller's ctx or a lost connection runs again
+// next time) and its outcome is kept for the Locker's life: a deployment changed
+// later (a standby added, wsrep switched) is not noticed until a new Locker is made.
 package deploy
 
 import (
@@ -25,9 +25,10 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
+	"sync/atomic"
 
 	"github.com/sqllock/sqllock"
+	"github.com/sqllock/sqllock/internal/sqlerr"
 )
 
 // Needs is what a strategy needs from its database.
@@ -51,27 +52,37 @@ type Guard struct {
 	needs    Needs
 	log      *slog.Logger
 
-	mu   sync.Mutex
-	done bool
-	err  error // the refusal, kept once done
+	done atomic.Bool   // set once the answer is kept
+	err  error         // the refusal, read once done
+	sem  chan struct{} // one probe at a time; waited for with the caller's ctx
 }
 
 // New returns the Guard of a Locker of strategy on db.
 func New(db *sql.DB, d sqllock.Dialect, strategy string, needs Needs, log *slog.Logger) *Guard {
-	return &Guard{db: db, dialect: d, strategy: strategy, needs: needs, log: log}
+	return &Guard{db: db, dialect: d, strategy: strategy, needs: needs, log: log, sem: make(chan struct{}, 1)}
 }
 
 // Check returns nil if the Locker may acquire, an error matching
-// sqllock.ErrUnsafeDeployment if it must refuse, or the probe's own error (the probe
-// then runs again on the next call). After the first conclusive answer it sends no
-// SQL.
+// sqllock.ErrUnsafeDeployment if it must refuse, or, if ctx ended or the connection
+// failed during the probe, that error (the probe then runs again on the next call).
+// A probe the server refuses (no privilege on a view, a server without it) counts as
+// an answer: one warning, and the Locker goes on (or, with RequireSync, refuses: it
+// cannot tell). After the answer it sends no SQL. Callers wait for a probe under way
+// only as long as their ctx lets them.
 func (g *Guard) Check(ctx context.Context) error {
 	if g == nil {
 		return nil
 	}
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.done {
+	if g.done.Load() {
+		return g.err
+	}
+	select {
+	case g.sem <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	defer func() { <-g.sem }()
+	if g.done.Load() {
 		return g.err
 	}
 	var err error
@@ -81,9 +92,18 @@ func (g *Guard) Check(ctx context.Context) error {
 		err = g.checkReplication(ctx)
 	}
 	if err != nil && !errors.Is(err, sqllock.ErrUnsafeDeployment) {
-		return fmt.Errorf("checking the deployment: %w", err)
+		if ctx.Err() != nil || sqlerr.Is(err, sqlerr.SessionLost) || sqlerr.Is(err, sqlerr.Canceled) {
+			return fmt.Errorf("checking the deployment: %w", err)
+		}
+		if g.needs.RequireSync && g.dialect == sqllock.Postgres {
+			err = Refusal(g.strategy + ": cannot tell whether the standbys replicate synchronously (WithRequireSyncReplication): " + err.Error())
+		} else {
+			g.log.Warn("sqllock: could not check the deployment; going on without the check", "strategy", g.strategy, "err", err)
+			err = nil
+		}
 	}
-	g.done, g.err = true, err
+	g.err = err
+	g.done.Store(true)
 	return err
 }
 
@@ -122,17 +142,21 @@ func (g *Guard) checkGalera(ctx context.Context) error {
 		"or WithGaleraSingleWriter() if every client reaches the same writer node")
 }
 
-// replicationProbe reads what decides whether a commit survives a failover.
-// pg_stat_replication shows unprivileged users its rows (not their details).
+// replicationProbe reads what decides whether a commit survives a failover: the
+// physical WAL senders (a logical sender, for CDC or a subscription, has a database
+// in pg_stat_activity and is no standby), and how many of them the server reports
+// as synchronous. pg_stat_replication shows unprivileged roles its rows but not their
+// details: sync_state is then NULL and the settings decide.
 const replicationProbe = `SELECT current_setting('synchronous_commit'), current_setting('synchronous_standby_names'),
-  (SELECT count(*) FROM pg_stat_replication), pg_is_in_recovery()`
+  count(r.pid), count(r.pid) FILTER (WHERE r.sync_state IN ('sync', 'quorum')), count(r.sync_state), pg_is_in_recovery()
+FROM pg_catalog.pg_stat_replication r JOIN pg_catalog.pg_stat_activity a ON a.pid = r.pid AND a.datname IS NULL`
 
 // checkReplication warns of (or refuses) asynchronous standbys.
 func (g *Guard) checkReplication(ctx context.Context) error {
 	var commit, names string
-	var standbys int64
+	var standbys, syncs, visible int64
 	var recovery bool
-	if err := g.db.QueryRowContext(ctx, replicationProbe).Scan(&commit, &names, &standbys, &recovery); err != nil {
+	if err := g.db.QueryRowContext(ctx, replicationProbe).Scan(&commit, &names, &standbys, &syncs, &visible, &recovery); err != nil {
 		return err
 	}
 	if standbys == 0 || recovery {
@@ -141,10 +165,12 @@ func (g *Guard) checkReplication(ctx context.Context) error {
 	}
 	var why string
 	switch {
-	case strings.TrimSpace(names) == "":
-		why = fmt.Sprintf("%d standby(s) replicate asynchronously (synchronous_standby_names is empty)", standbys)
 	case commit == "off" || commit == "local":
 		why = fmt.Sprintf("synchronous_commit=%s: commits do not wait for the %d standby(s)", commit, standbys)
+	case strings.TrimSpace(names) == "":
+		why = fmt.Sprintf("%d standby(s) replicate asynchronously (synchronous_standby_names is empty)", standbys)
+	case visible == standbys && syncs == 0:
+		why = fmt.Sprintf("none of the %d standby(s) is one synchronous_standby_names names", standbys)
 	default:
 		return nil
 	}

@@ -198,9 +198,21 @@ func PgConn(conn *sql.Conn) *pgconn.PgConn {
 
 // Release returns conn to the pool, or, if discard, closes its session instead: the
 // server then drops every lock the session held.
+//
+// With pgx the connection itself is closed first: under stdlib.OpenDBFromPool,
+// database/sql's close of a bad connection only hands it back to the pgxpool, which
+// would keep the session (and its locks) for the next user; a closed connection it
+// destroys.
 func Release(conn *sql.Conn, discard bool) {
 	if discard {
-		_ = conn.Raw(func(any) error { return driver.ErrBadConn })
+		_ = conn.Raw(func(dc any) error {
+			if p, ok := dc.(interface{ Conn() *pgx.Conn }); ok && p.Conn() != nil {
+				ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+				p.Conn().Close(ctx)
+				cancel()
+			}
+			return driver.ErrBadConn
+		})
 	}
 	conn.Close()
 }
