@@ -269,7 +269,8 @@ var privileges = map[string]map[sqllock.Dialect][]string{
 		sqllock.MySQL:    {"SELECT, INSERT, UPDATE, DELETE ON sqllock_lease", "SELECT, INSERT, UPDATE ON sqllock_fence"},
 	},
 	"forupdate": {
-		sqllock.Postgres: {"SELECT, INSERT, UPDATE ON sqllock_rowlock", "USAGE ON SEQUENCE sqllock_rowlock_token_seq"},
+		sqllock.Postgres: {"SELECT, INSERT, UPDATE ON sqllock_rowlock", "USAGE ON SEQUENCE sqllock_rowlock_token_seq",
+			"SELECT, INSERT ON sqllock_epoch", "USAGE ON SEQUENCE sqllock_token_seq"},
 		sqllock.MySQL:    {"SELECT, INSERT, UPDATE, DELETE ON sqllock_rowlock"},
 	},
 	"advisory": {

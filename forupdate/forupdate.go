@@ -15,6 +15,7 @@ import (
 	"github.com/sqllock/sqllock"
 	"github.com/sqllock/sqllock/internal/backoff"
 	"github.com/sqllock/sqllock/internal/deploy"
+	"github.com/sqllock/sqllock/internal/fence"
 	"github.com/sqllock/sqllock/internal/interrupt"
 	"github.com/sqllock/sqllock/internal/lease"
 	"github.com/sqllock/sqllock/internal/namekey"
@@ -597,6 +598,25 @@ func (l *Locker) classify(op, name string, err error) error {
 // modeTry a LockTimeout-class error when the row is locked, and ctx's error when ctx
 // ended. dirty reports that the session must be discarded (see watched). granted is
 // called as soon as the row lock is held.
+// bumpPostgres runs bump (pgBump or pgBumpReset) in tx and returns the token it drew;
+// the first time in a server run, when the run has no epoch yet, it records the
+// epoch (fence.Drawn), draws again and stores that token.
+func (l *Locker) bumpPostgres(ctx context.Context, tx *sql.Tx, bump string, key []byte) (int64, error) {
+	var drawn sql.NullInt64
+	if err := tx.QueryRowContext(ctx, bump, key).Scan(&drawn); err != nil {
+		return 0, err
+	}
+	if drawn.Valid {
+		return drawn.Int64, nil
+	}
+	tok, err := fence.Drawn(ctx, drawn, tx, l.db)
+	if err != nil {
+		return 0, err
+	}
+	_, err = tx.ExecContext(ctx, pgSetToken, key, tok)
+	return tok, err
+}
+
 func (l *Locker) lockRow(ctx context.Context, tx *sql.Tx, target waitTarget, key []byte, name string, m mode, granted func()) (g grant, dirty bool, err error) {
 	var deadline time.Time
 	hasDeadline := false
@@ -637,7 +657,7 @@ func (l *Locker) lockRow(ctx context.Context, tx *sql.Tx, target waitTarget, key
 			return g, dirty, err
 		}
 		g.at = time.Now()
-		err = tx.QueryRowContext(nctx, bump, key).Scan(&g.token)
+		g.token, err = l.bumpPostgres(nctx, tx, bump, key)
 		return g, false, err
 	}
 	g.since = sent
@@ -803,7 +823,7 @@ func (l *Locker) anyAttempt(ctx context.Context, op string, keys [][]byte, names
 			g.sid = target.pid
 			err = tx.QueryRowContext(ctx, l.pg.any, keys).Scan(&key, &g.since)
 			if err == nil && !l.cfg.noToken {
-				err = tx.QueryRowContext(ctx, pgBump, key).Scan(&g.token)
+				g.token, err = l.bumpPostgres(ctx, tx, pgBump, key)
 			}
 		} else {
 			var name []byte

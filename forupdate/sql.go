@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/sqllock/sqllock"
+	"github.com/sqllock/sqllock/internal/fence"
 	"github.com/sqllock/sqllock/internal/interrupt"
 	"github.com/sqllock/sqllock/internal/pin"
 )
@@ -47,12 +48,19 @@ AND set_config('lock_timeout', $2, true) IS NOT NULL FOR UPDATE) l`
 	// pgAnyFmt takes the first free row of $1, in the order given, skipping locked rows.
 	pgAnyFmt = `SELECT lock_key, %[1]s FROM sqllock_rowlock WHERE lock_key = ANY($1)
 ORDER BY array_position($1, lock_key) LIMIT 1 FOR UPDATE SKIP LOCKED`
-	pgBump = `UPDATE sqllock_rowlock SET token = nextval('sqllock_rowlock_token_seq'),
-acquired_at = clock_timestamp() WHERE lock_key = $1 RETURNING token`
-	pgBumpReset = `UPDATE sqllock_rowlock SET token = nextval('sqllock_rowlock_token_seq'),
-acquired_at = clock_timestamp() WHERE lock_key = $1
+	// pgBump draws the lease's token with fence.EpochPostgres (strictly larger than
+	// every token drawn before, across crashes: a bare sequence may hand out again,
+	// after a crash, a value whose WAL was not flushed, though a holder may have
+	// shown it to a resource already) and stores it in the row. It returns the
+	// token drawn, NULL while the server's run has no epoch yet (the row keeps its
+	// token then; see Locker.bumpPostgres).
+	pgBump = `UPDATE sqllock_rowlock SET token = COALESCE(e.t, sqllock_rowlock.token), acquired_at = clock_timestamp()
+FROM (SELECT ` + fence.EpochPostgres + ` AS t) e WHERE lock_key = $1 RETURNING e.t`
+	pgBumpReset = `UPDATE sqllock_rowlock SET token = COALESCE(e.t, sqllock_rowlock.token), acquired_at = clock_timestamp()
+FROM (SELECT ` + fence.EpochPostgres + ` AS t) e WHERE lock_key = $1
 AND set_config('lock_timeout', NULL, true) IS NOT NULL
-RETURNING token`
+RETURNING e.t`
+	pgSetToken = `UPDATE sqllock_rowlock SET token = $2 WHERE lock_key = $1`
 	pgExisting = `SELECT lock_key FROM sqllock_rowlock WHERE lock_key = ANY($1)`
 	pgCreate   = `INSERT INTO sqllock_rowlock (lock_key, name, token)
 VALUES ($1, $2, nextval('sqllock_rowlock_token_seq')) ON CONFLICT (lock_key) DO NOTHING`

@@ -1,0 +1,57 @@
+package forupdate_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/sqllock/sqllock"
+	"github.com/sqllock/sqllock/testdb"
+)
+
+// TestTokensAcrossCrashPostgres: a token drawn by a lease whose transaction never
+// committed (the server is killed with SIGKILL while it is held, so neither the
+// transaction nor the sequence's WAL need have reached the disk) is smaller than
+// every token drawn after the restart: tokens come from fence.EpochPostgres, whose
+// epoch grows with every server run. PostgreSQL only: MySQL's tokens are
+// AUTO_INCREMENT values, which InnoDB may hand out again after a crash if nothing
+// committed them (see the README's known limitations).
+func TestTokensAcrossCrashPostgres(t *testing.T) {
+	const d = sqllock.Postgres
+	if !testdb.Restartable(t, d) {
+		return
+	}
+	ctx := testdb.Context(t, 5*time.Minute)
+	l := newLocker(t, testdb.Open(t, d), d)
+	name := testdb.Name(t)
+	var last int64
+	for i := range 40 { // past a logged batch of the sequence (32 values)
+		le, err := l.Acquire(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if le.Token() <= last {
+			t.Fatalf("acquisition %d: token %d after %d", i, le.Token(), last)
+		}
+		last = le.Token()
+		if err := le.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	held, err := l.Acquire(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := held.Token()
+	testdb.Crash(t, d)
+	<-held.Done() // the session died with the server
+	l2 := newLocker(t, testdb.Open(t, d), d)
+	le, err := l2.Acquire(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer le.Release(ctx)
+	if le.Token() <= before {
+		t.Fatalf("token %d after the crash, %d drawn (uncommitted) before it", le.Token(), before)
+	}
+	t.Logf("token before the crash %d, after %d", before, le.Token())
+}
