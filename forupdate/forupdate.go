@@ -661,15 +661,16 @@ func (l *Locker) lockRow(ctx context.Context, tx *sql.Tx, target waitTarget, key
 		return g, false, err
 	}
 	g.since = sent
+	var epoch sql.NullInt64
 	if m == modeTry {
-		err = tx.QueryRowContext(ctx, fmt.Sprintf(myTryFmt, hexLit(key))).Scan(&g.sid)
+		err = tx.QueryRowContext(ctx, fmt.Sprintf(myTryFmt, hexLit(key))).Scan(&g.sid, &epoch)
 	} else {
 		query := fmt.Sprintf(myLockFmt, target.marker, hexLit(key))
 		if hasDeadline {
 			query = serverWaitBound(target.flavor, time.Until(deadline), query)
 		}
 		dirty, err = l.watched(ctx, target, false, func(qctx context.Context) error {
-			return tx.QueryRowContext(qctx, query).Scan(&g.sid)
+			return tx.QueryRowContext(qctx, query).Scan(&g.sid, &epoch)
 		})
 	}
 	g.at = l.boundStart(sent)
@@ -677,7 +678,7 @@ func (l *Locker) lockRow(ctx context.Context, tx *sql.Tx, target waitTarget, key
 		return g, dirty, err
 	}
 	g.at = time.Now()
-	g.token, err = myReplace(nctx, tx, key, name)
+	g.token, err = l.myReplace(nctx, tx, key, name, epoch)
 	return g, false, err
 }
 
@@ -700,13 +701,23 @@ func (l *Locker) locked(ctx context.Context, err error, dirty bool, granted func
 	return nil
 }
 
-// myReplace replaces the locked row of key (see myBumpFmt) and returns its new token.
-func myReplace(ctx context.Context, tx *sql.Tx, key []byte, name string) (int64, error) {
-	res, err := tx.ExecContext(ctx, fmt.Sprintf(myBumpFmt, hexLit(key), hexLit([]byte(name))))
+// myReplace replaces the locked row of key (see myBumpFmt) and returns its new token:
+// the run's epoch (as the locking statement read it; recorded first if the run had
+// none) above the new AUTO_INCREMENT value.
+func (l *Locker) myReplace(ctx context.Context, tx *sql.Tx, key []byte, name string, epoch sql.NullInt64) (int64, error) {
+	if !epoch.Valid {
+		e, err := fence.EpochMySQL(ctx, l.db)
+		if err != nil {
+			return 0, fmt.Errorf("fencing token: %w", err)
+		}
+		epoch = sql.NullInt64{Int64: e, Valid: true}
+	}
+	res, err := tx.ExecContext(ctx, fmt.Sprintf(myBumpFmt, hexLit(key), hexLit([]byte(name)), epoch.Int64))
 	if err != nil {
 		return 0, err
 	}
-	return res.LastInsertId()
+	id, err := res.LastInsertId()
+	return epoch.Int64<<fence.EpochShiftMySQL + id, err
 }
 
 // errRowBusy: a MySQL INSERT creating a lock row waited for a row lock, so the row
@@ -828,9 +839,10 @@ func (l *Locker) anyAttempt(ctx context.Context, op string, keys [][]byte, names
 		} else {
 			var name []byte
 			q := fmt.Sprintf(myAnyFmt, placeholders(len(keys)))
-			err = tx.QueryRowContext(ctx, q, anyArgs(keys, 1)...).Scan(&key, &name, &g.sid)
+			var epoch sql.NullInt64
+			err = tx.QueryRowContext(ctx, q, anyArgs(keys, 1)...).Scan(&key, &name, &g.sid, &epoch)
 			if err == nil && !l.cfg.noToken {
-				g.token, err = myReplace(ctx, tx, key, string(name))
+				g.token, err = l.myReplace(ctx, tx, key, string(name), epoch)
 			}
 		}
 		if err == nil && ctx.Err() == nil {

@@ -79,24 +79,28 @@ FROM pg_stat_activity WHERE pid = $1 AND backend_start <= $2 AND xact_start = $2
 	// interrupted; the connection id is not known before the statement returns.
 	// Statements that may wait start with "SELECT " or "INSERT " so that
 	// serverWaitBound can give them a server-side bound.
-	myLockFmt = `SELECT /* %s */ CONNECTION_ID() FROM sqllock_rowlock WHERE lock_key = %s FOR UPDATE`
-	myTryFmt  = `SELECT CONNECTION_ID() FROM sqllock_rowlock WHERE lock_key = %s FOR UPDATE NOWAIT`
+	myLockFmt = `SELECT /* %s */ CONNECTION_ID(), ` + fence.EpochColumnMySQL + ` FROM sqllock_rowlock WHERE lock_key = %s FOR UPDATE`
+	myTryFmt  = `SELECT CONNECTION_ID(), ` + fence.EpochColumnMySQL + ` FROM sqllock_rowlock WHERE lock_key = %s FOR UPDATE NOWAIT`
 	// myAnyFmt has no ORDER BY: InnoDB would lock every row it reads for the sort,
 	// not only the one LIMIT keeps. Without it, rows are read (and the first free one
 	// locked) in key order. Every key in the list must have a row: at REPEATABLE READ a
 	// missing key would be gap-locked for the whole lease (see ensureRows).
-	myAnyFmt = `SELECT lock_key, name, CONNECTION_ID() FROM sqllock_rowlock WHERE lock_key IN (%s)
+	myAnyFmt = `SELECT lock_key, name, CONNECTION_ID(), ` + fence.EpochColumnMySQL + ` FROM sqllock_rowlock WHERE lock_key IN (%s)
 LIMIT 1 FOR UPDATE SKIP LOCKED`
+	// myToken is a row's token: its epoch (fence.EpochShiftMySQL) above its
+	// AUTO_INCREMENT value.
+	myToken = "(epoch << 40) + token"
 	// myBumpFmt replaces the locked row by a new one, which draws a new AUTO_INCREMENT
-	// token (the statement's insert id). The conflict is on the primary key, not the
+	// value (the statement's insert id) and records the run's epoch (%d, read by the
+	// locking statement, fence.EpochColumnMySQL). The conflict is on the primary key, not the
 	// last unique key, so the server deletes and inserts rather than updating in place.
-	myBumpFmt     = `REPLACE INTO sqllock_rowlock (lock_key, name, acquired_at) VALUES (%s, %s, UTC_TIMESTAMP(6))`
+	myBumpFmt     = `REPLACE INTO sqllock_rowlock (lock_key, name, acquired_at, epoch) VALUES (%s, %s, UTC_TIMESTAMP(6), %d)`
 	myExistingFmt = `SELECT lock_key FROM sqllock_rowlock WHERE lock_key IN (%s)`
 	// A duplicate key (1062) means the row exists: the goal. INSERT IGNORE is not
 	// used because it also hides truncation and other errors.
 	myCreateFmt = `INSERT /* %s */ INTO sqllock_rowlock (lock_key, name) VALUES (?, ?)`
 	myVersion   = `SELECT VERSION()`
-	myCommitted = `SELECT token FROM sqllock_rowlock WHERE lock_key = ?`
+	myCommitted = "SELECT " + myToken + " FROM sqllock_rowlock WHERE lock_key = ?"
 )
 
 // pgStatements are the PostgreSQL locking reads of a Locker whose transactions are
@@ -146,7 +150,7 @@ func newMyStatements(flavor int32) myStatements {
 	return myStatements{
 		activity: "SELECT p.COMMAND, p.TIME, p.STATE, " +
 			"(SELECT CAST(VARIABLE_VALUE AS SIGNED) FROM " + status + " WHERE UPPER(VARIABLE_NAME) = 'UPTIME'), " +
-			"(SELECT token FROM sqllock_rowlock WHERE lock_key = %s) " +
+			"(SELECT " + myToken + " FROM sqllock_rowlock WHERE lock_key = %s) " +
 			"FROM " + processlist + " p WHERE p.ID = %d",
 		find: "SELECT ID FROM " + processlist + " WHERE INFO LIKE ? AND ID <> CONNECTION_ID()",
 		inTx: inTx,
@@ -157,7 +161,7 @@ func newMyStatements(flavor int32) myStatements {
 // does not wait, returning its token and whether the session is in a transaction
 // (MariaDB; NULL on MySQL).
 func (m myStatements) stillOpen(key []byte) string {
-	return "SELECT token, " + m.inTx + " FROM sqllock_rowlock WHERE lock_key = " + hexLit(key) + " FOR UPDATE NOWAIT"
+	return "SELECT " + myToken + ", " + m.inTx + " FROM sqllock_rowlock WHERE lock_key = " + hexLit(key) + " FOR UPDATE NOWAIT"
 }
 
 // sending reports whether a MySQL processlist STATE says that the session is writing

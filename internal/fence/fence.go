@@ -156,3 +156,44 @@ func Drawn(ctx context.Context, drawn sql.NullInt64, q Execer, db *sql.DB) (int6
 	}
 	return tok.Int64, nil
 }
+
+// EpochShiftMySQL places a MySQL epoch above the AUTO_INCREMENT value of a token:
+// token = epoch << EpochShiftMySQL + value (migration mysql/0006).
+const EpochShiftMySQL = 40
+
+// EpochColumnMySQL reads, in a statement, the epoch of the server's current run:
+// NULL until EpochMySQL recorded it.
+const EpochColumnMySQL = "(SELECT epoch FROM sqllock_run WHERE id = 1)"
+
+// EpochMySQL returns the epoch of the MySQL server's current run, recording it first
+// if the run has none: a new row of sqllock_epoch (committed: durable with
+// innodb_flush_log_at_trx_commit=1, the default), then the run's row in the MEMORY
+// table sqllock_run, which the server empties when it starts. Of concurrent callers
+// the first row wins; the others use it.
+func EpochMySQL(ctx context.Context, db *sql.DB) (int64, error) {
+	var e sql.NullInt64
+	if err := db.QueryRowContext(ctx, "SELECT "+EpochColumnMySQL).Scan(&e); err != nil {
+		return 0, err
+	}
+	if e.Valid {
+		return e.Int64, nil
+	}
+	res, err := db.ExecContext(ctx, "INSERT INTO sqllock_epoch (created_at) VALUES (UTC_TIMESTAMP(6))")
+	if err != nil {
+		return 0, err
+	}
+	id, err := res.LastInsertId()
+	if err != nil {
+		return 0, err
+	}
+	if _, err := db.ExecContext(ctx, "INSERT INTO sqllock_run (id, epoch) VALUES (1, ?) ON DUPLICATE KEY UPDATE id = id", id); err != nil {
+		return 0, err
+	}
+	if err := db.QueryRowContext(ctx, "SELECT "+EpochColumnMySQL).Scan(&e); err != nil {
+		return 0, err
+	}
+	if !e.Valid {
+		return 0, errors.New("fence: the epoch of the server's run is missing after it was recorded")
+	}
+	return e.Int64, nil
+}

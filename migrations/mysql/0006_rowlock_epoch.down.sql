@@ -1,0 +1,3 @@
+ALTER TABLE sqllock_rowlock DROP COLUMN epoch;
+DROP TABLE IF EXISTS sqllock_run;
+DROP TABLE IF EXISTS sqllock_epoch;
