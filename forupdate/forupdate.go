@@ -662,15 +662,16 @@ func (l *Locker) lockRow(ctx context.Context, tx *sql.Tx, target waitTarget, key
 	}
 	g.since = sent
 	var epoch sql.NullInt64
+	var rowEpoch int64
 	if m == modeTry {
-		err = tx.QueryRowContext(ctx, fmt.Sprintf(myTryFmt, hexLit(key))).Scan(&g.sid, &epoch)
+		err = tx.QueryRowContext(ctx, fmt.Sprintf(myTryFmt, hexLit(key))).Scan(&g.sid, &epoch, &rowEpoch)
 	} else {
 		query := fmt.Sprintf(myLockFmt, target.marker, hexLit(key))
 		if hasDeadline {
 			query = serverWaitBound(target.flavor, time.Until(deadline), query)
 		}
 		dirty, err = l.watched(ctx, target, false, func(qctx context.Context) error {
-			return tx.QueryRowContext(qctx, query).Scan(&g.sid, &epoch)
+			return tx.QueryRowContext(qctx, query).Scan(&g.sid, &epoch, &rowEpoch)
 		})
 	}
 	g.at = l.boundStart(sent)
@@ -678,7 +679,7 @@ func (l *Locker) lockRow(ctx context.Context, tx *sql.Tx, target waitTarget, key
 		return g, dirty, err
 	}
 	g.at = time.Now()
-	g.token, err = l.myReplace(nctx, tx, key, name, epoch)
+	g.token, err = l.myReplace(nctx, tx, key, name, epoch, rowEpoch)
 	return g, false, err
 }
 
@@ -702,11 +703,14 @@ func (l *Locker) locked(ctx context.Context, err error, dirty bool, granted func
 }
 
 // myReplace replaces the locked row of key (see myBumpFmt) and returns its new token:
-// the run's epoch (as the locking statement read it; recorded first if the run had
-// none) above the new AUTO_INCREMENT value.
-func (l *Locker) myReplace(ctx context.Context, tx *sql.Tx, key []byte, name string, epoch sql.NullInt64) (int64, error) {
-	if !epoch.Valid {
-		e, err := fence.EpochMySQL(ctx, l.db)
+// the run's epoch (as the locking statement read it) above the new AUTO_INCREMENT
+// value. A run without an epoch records one first; so does a run whose epoch is
+// older than the one of the row's last token, which another server drew (a Galera
+// node the clients failed over from): the new epoch is larger than every earlier
+// one, so the name's tokens keep growing.
+func (l *Locker) myReplace(ctx context.Context, tx *sql.Tx, key []byte, name string, epoch sql.NullInt64, rowEpoch int64) (int64, error) {
+	if !epoch.Valid || epoch.Int64 < rowEpoch {
+		e, err := fence.EpochMySQL(ctx, l.db, rowEpoch)
 		if err != nil {
 			return 0, fmt.Errorf("fencing token: %w", err)
 		}
@@ -840,9 +844,10 @@ func (l *Locker) anyAttempt(ctx context.Context, op string, keys [][]byte, names
 			var name []byte
 			q := fmt.Sprintf(myAnyFmt, placeholders(len(keys)))
 			var epoch sql.NullInt64
-			err = tx.QueryRowContext(ctx, q, anyArgs(keys, 1)...).Scan(&key, &name, &g.sid, &epoch)
+			var rowEpoch int64
+			err = tx.QueryRowContext(ctx, q, anyArgs(keys, 1)...).Scan(&key, &name, &g.sid, &epoch, &rowEpoch)
 			if err == nil && !l.cfg.noToken {
-				g.token, err = l.myReplace(ctx, tx, key, string(name), epoch)
+				g.token, err = l.myReplace(ctx, tx, key, string(name), epoch, rowEpoch)
 			}
 		}
 		if err == nil && ctx.Err() == nil {

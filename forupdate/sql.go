@@ -79,20 +79,21 @@ FROM pg_stat_activity WHERE pid = $1 AND backend_start <= $2 AND xact_start = $2
 	// interrupted; the connection id is not known before the statement returns.
 	// Statements that may wait start with "SELECT " or "INSERT " so that
 	// serverWaitBound can give them a server-side bound.
-	myLockFmt = `SELECT /* %s */ CONNECTION_ID(), ` + fence.EpochColumnMySQL + ` FROM sqllock_rowlock WHERE lock_key = %s FOR UPDATE`
-	myTryFmt  = `SELECT CONNECTION_ID(), ` + fence.EpochColumnMySQL + ` FROM sqllock_rowlock WHERE lock_key = %s FOR UPDATE NOWAIT`
+	myLockFmt = `SELECT /* %s */ CONNECTION_ID(), ` + fence.EpochColumnMySQL + `, epoch FROM sqllock_rowlock WHERE lock_key = %s FOR UPDATE`
+	myTryFmt  = `SELECT CONNECTION_ID(), ` + fence.EpochColumnMySQL + `, epoch FROM sqllock_rowlock WHERE lock_key = %s FOR UPDATE NOWAIT`
 	// myAnyFmt has no ORDER BY: InnoDB would lock every row it reads for the sort,
 	// not only the one LIMIT keeps. Without it, rows are read (and the first free one
 	// locked) in key order. Every key in the list must have a row: at REPEATABLE READ a
 	// missing key would be gap-locked for the whole lease (see ensureRows).
-	myAnyFmt = `SELECT lock_key, name, CONNECTION_ID(), ` + fence.EpochColumnMySQL + ` FROM sqllock_rowlock WHERE lock_key IN (%s)
+	myAnyFmt = `SELECT lock_key, name, CONNECTION_ID(), ` + fence.EpochColumnMySQL + `, epoch FROM sqllock_rowlock WHERE lock_key IN (%s)
 LIMIT 1 FOR UPDATE SKIP LOCKED`
 	// myToken is a row's token: its epoch (fence.EpochShiftMySQL) above its
 	// AUTO_INCREMENT value.
 	myToken = "(epoch << 40) + token"
+	// The MySQL locking reads also return the run's epoch (fence.EpochColumnMySQL)
+	// and the epoch of the row's last token: see Locker.myReplace.
 	// myBumpFmt replaces the locked row by a new one, which draws a new AUTO_INCREMENT
-	// value (the statement's insert id) and records the run's epoch (%d, read by the
-	// locking statement, fence.EpochColumnMySQL). The conflict is on the primary key, not the
+	// value (the statement's insert id) and records the epoch (%d). The conflict is on the primary key, not the
 	// last unique key, so the server deletes and inserts rather than updating in place.
 	myBumpFmt     = `REPLACE INTO sqllock_rowlock (lock_key, name, acquired_at, epoch) VALUES (%s, %s, UTC_TIMESTAMP(6), %d)`
 	myExistingFmt = `SELECT lock_key FROM sqllock_rowlock WHERE lock_key IN (%s)`

@@ -60,3 +60,47 @@ func tokensAcrossCrash(t *testing.T, d sqllock.Dialect) {
 	}
 	t.Logf("token before the crash %d, after %d", before, le.Token())
 }
+
+// TestTokensAfterNodeSwitchMySQL: a name whose last token carries a newer epoch than
+// the run this client talks to (what clients that fail over from one Galera node to
+// another meet: each node keeps its own run epoch) gets a larger token still: the
+// run records a newer epoch first.
+func TestTokensAfterNodeSwitchMySQL(t *testing.T) {
+	const d = sqllock.MySQL
+	ctx := testdb.Context(t, time.Minute)
+	admin := testdb.Open(t, d)
+	l := newLocker(t, testdb.Open(t, d), d)
+	name := testdb.Name(t)
+	le, err := l.Acquire(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := le.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Another node's newer epoch: a row of sqllock_epoch above every other, and the
+	// name's last token drawn under it.
+	var top int64
+	if err := admin.QueryRowContext(ctx, "SELECT COALESCE(MAX(epoch), 0) + 10 FROM sqllock_epoch").Scan(&top); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.ExecContext(ctx, "INSERT INTO sqllock_epoch (epoch, created_at) VALUES (?, UTC_TIMESTAMP(6))", top); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.ExecContext(ctx, "UPDATE sqllock_rowlock SET epoch = ? WHERE name = ?", top, []byte(name)); err != nil {
+		t.Fatal(err)
+	}
+	before, err := l.CommittedToken(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	le, err = l.Acquire(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer le.Release(ctx)
+	if le.Token() <= before {
+		t.Fatalf("token %d after a newer epoch's token %d", le.Token(), before)
+	}
+	t.Logf("newer epoch's token %d, then %d", before, le.Token())
+}

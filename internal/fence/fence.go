@@ -165,17 +165,18 @@ const EpochShiftMySQL = 40
 // NULL until EpochMySQL recorded it.
 const EpochColumnMySQL = "(SELECT epoch FROM sqllock_run WHERE id = 1)"
 
-// EpochMySQL returns the epoch of the MySQL server's current run, recording it first
-// if the run has none: a new row of sqllock_epoch (committed: durable with
-// innodb_flush_log_at_trx_commit=1, the default), then the run's row in the MEMORY
-// table sqllock_run, which the server empties when it starts. Of concurrent callers
-// the first row wins; the others use it.
-func EpochMySQL(ctx context.Context, db *sql.DB) (int64, error) {
+// EpochMySQL returns the epoch of the MySQL server's current run, at least above,
+// recording a new one first if the run has none or an older one: a new row of
+// sqllock_epoch (committed: durable with innodb_flush_log_at_trx_commit=1, the
+// default; its AUTO_INCREMENT key is larger than every epoch before it), then the
+// run's row in the MEMORY table sqllock_run, which the server empties when it
+// starts. Of concurrent callers the largest epoch wins; the others use it.
+func EpochMySQL(ctx context.Context, db *sql.DB, above int64) (int64, error) {
 	var e sql.NullInt64
 	if err := db.QueryRowContext(ctx, "SELECT "+EpochColumnMySQL).Scan(&e); err != nil {
 		return 0, err
 	}
-	if e.Valid {
+	if e.Valid && e.Int64 >= above {
 		return e.Int64, nil
 	}
 	res, err := db.ExecContext(ctx, "INSERT INTO sqllock_epoch (created_at) VALUES (UTC_TIMESTAMP(6))")
@@ -186,7 +187,7 @@ func EpochMySQL(ctx context.Context, db *sql.DB) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	if _, err := db.ExecContext(ctx, "INSERT INTO sqllock_run (id, epoch) VALUES (1, ?) ON DUPLICATE KEY UPDATE id = id", id); err != nil {
+	if _, err := db.ExecContext(ctx, "INSERT INTO sqllock_run (id, epoch) VALUES (1, ?) ON DUPLICATE KEY UPDATE epoch = GREATEST(epoch, ?)", id, id); err != nil {
 		return 0, err
 	}
 	if err := db.QueryRowContext(ctx, "SELECT "+EpochColumnMySQL).Scan(&e); err != nil {
