@@ -52,7 +52,10 @@ func pgStatementsFor(ttl time.Duration, token bool) (t [2][2]pgStatements) {
 			}
 			// The session's stamp is read before this statement writes its own (see
 			// pooler.go): left to right in one select list.
-			stamp := "current_setting('sqllock.session', true), set_config('sqllock.session', " + stampArg + ", false)"
+			// The stamp is written only where it differs (a first lock on the session):
+			// set_config costs more than the read.
+			stamp := "current_setting('sqllock.session', true), CASE WHEN current_setting('sqllock.session', true) IS DISTINCT FROM " +
+				stampArg + " THEN set_config('sqllock.session', " + stampArg + ", false) END"
 			t[sh][raw] = pgStatements{
 				// The lock function runs in a subquery, once, before the settings and
 				// the token. The settings' values are not read back.
