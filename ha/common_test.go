@@ -132,11 +132,13 @@ func errKind(err error) string {
 	return "other"
 }
 
-// asyncWarnings counts the warnings a Locker logs about asynchronous replication.
+// asyncWarnings counts the warnings a Locker logs about asynchronous replication
+// (or, if match is set, those whose message contains match).
 type asyncWarnings struct {
-	n    atomic.Int64
-	mu   sync.Mutex
-	msgs []string
+	match string
+	n     atomic.Int64
+	mu    sync.Mutex
+	msgs  []string
 }
 
 func (w *asyncWarnings) logger() *slog.Logger { return slog.New(warnHandler{w}) }
@@ -154,7 +156,11 @@ type warnHandler struct{ w *asyncWarnings }
 func (h warnHandler) Enabled(context.Context, slog.Level) bool { return true }
 
 func (h warnHandler) Handle(_ context.Context, r slog.Record) error {
-	if r.Level >= slog.LevelWarn && strings.Contains(r.Message, "asynchronous") {
+	match := h.w.match
+	if match == "" {
+		match = "asynchronous"
+	}
+	if r.Level >= slog.LevelWarn && strings.Contains(r.Message, match) {
 		h.w.n.Add(1)
 		h.w.mu.Lock()
 		h.w.msgs = append(h.w.msgs, r.Message)

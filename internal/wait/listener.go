@@ -2,9 +2,11 @@ package wait
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -18,6 +20,7 @@ import (
 type listener struct {
 	cancel context.CancelFunc
 	done   chan struct{}
+	probes sync.WaitGroup // see probe
 }
 
 func startListener(h *Hub) *listener {
@@ -30,6 +33,7 @@ func startListener(h *Hub) *listener {
 func (lis *listener) stop() {
 	lis.cancel()
 	<-lis.done
+	lis.probes.Wait()
 }
 
 func (lis *listener) run(ctx context.Context, h *Hub) {
@@ -54,6 +58,44 @@ func (lis *listener) run(ctx context.Context, h *Hub) {
 }
 
 var errNotPgx = errors.New("the driver connection exposes no *pgx.Conn")
+
+// ProbeWait is how long a new LISTEN session waits for its own test notification,
+// sent through the application's pool, before it warns that notifications do not
+// reach it.
+const ProbeWait = 3 * time.Second
+
+// probe sends a notification with a payload of its own through the pool, as a
+// release would, and warns (once per Hub) if the LISTEN session has not seen it
+// within ProbeWait: behind a transaction-pooling proxy (pgbouncer
+// pool_mode=transaction) LISTEN runs on a server session the proxy hands to other
+// clients, and notifications go nowhere; waiters then only poll. The caller closes
+// seen when the payload arrives.
+func (lis *listener) probe(ctx context.Context, h *Hub) (payload string, seen chan struct{}) {
+	b := make([]byte, 8)
+	rand.Read(b)
+	payload = "sqllock-probe-" + hex.EncodeToString(b)
+	seen = make(chan struct{})
+	lis.probes.Add(1)
+	go func() {
+		defer lis.probes.Done()
+		if _, err := h.db.ExecContext(ctx, "SELECT pg_notify($1, $2)", h.channel, payload); err != nil {
+			return
+		}
+		t := time.NewTimer(ProbeWait)
+		defer t.Stop()
+		select {
+		case <-seen:
+		case <-ctx.Done():
+		case <-t.C:
+			if h.probeWarned.CompareAndSwap(false, true) {
+				h.log.Warn("sqllock/"+h.strategy+": notifications sent through the pool do not reach the listener "+
+					"(a transaction-pooling proxy such as pgbouncer pool_mode=transaction?); waiters wake by polling only: "+
+					"lower WithPollInterval, or give the Locker a direct or session-pooled connection", "waited", ProbeWait)
+			}
+		}
+	}()
+	return payload, seen
+}
 
 // listen runs one LISTEN session until it fails or ctx ends. The session is a
 // connection of its own, outside the pool (configured like the pool's connections),
@@ -93,12 +135,18 @@ func (lis *listener) listen(ctx context.Context, h *Hub) error {
 	}
 	// Releases may have been missed before LISTEN took effect.
 	h.WakeAll()
+	probe, seen := lis.probe(ctx, h)
 	for {
 		n, err := pc.WaitForNotification(ctx)
 		if err != nil {
 			return err
 		}
 		if n == nil {
+			continue
+		}
+		if n.Payload == probe {
+			close(seen)
+			probe = ""
 			continue
 		}
 		if strings.Contains(n.Payload, ":") {

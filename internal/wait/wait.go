@@ -11,6 +11,7 @@ import (
 	"encoding/hex"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sqllock/sqllock"
@@ -31,6 +32,8 @@ type Hub struct {
 	topics  map[string]time.Time // topics published recently: see SubscribeTopic
 	lis     *listener
 	closed  bool
+
+	probeWarned atomic.Bool // see listener.probe
 }
 
 // NewHub returns the waiting room of a Locker of strategy on db. On PostgreSQL,
