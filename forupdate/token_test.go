@@ -1,6 +1,7 @@
 package forupdate_test
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -103,4 +104,98 @@ func TestTokensAfterNodeSwitchMySQL(t *testing.T) {
 		t.Fatalf("token %d after a newer epoch's token %d", le.Token(), before)
 	}
 	t.Logf("newer epoch's token %d, then %d", before, le.Token())
+}
+
+// TestEpochRecordedUnderContention: the first lease of a server run records the
+// run's epoch while other clients wait for the same row. A locking read that read
+// the MEMORY table sqllock_run held a table lock on it while it waited, and the new
+// holder's write of the epoch waited for those readers: a deadlock until the lock
+// wait timeout. Here the run's epoch is dropped (as a restart does) while three
+// waiters queue behind a holder; every waiter must get the lock in turn, quickly.
+func TestEpochRecordedUnderContention(t *testing.T) {
+	const d = sqllock.MySQL
+	ctx := testdb.Context(t, time.Minute)
+	admin := testdb.Open(t, d)
+	name := testdb.Name(t)
+	holder := newLocker(t, testdb.Open(t, d), d)
+	held, err := holder.Lock(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const waiters = 3
+	got := make(chan error, waiters)
+	for range waiters {
+		l := newLocker(t, testdb.Open(t, d), d)
+		go func() {
+			wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+			defer cancel()
+			le, err := l.Acquire(wctx, name)
+			if err == nil {
+				err = le.Release(wctx)
+			}
+			got <- err
+		}()
+	}
+	queued := time.Now()
+	for n := 0; n < waiters-1; { // two or more waiting: the one that gets the lock next records the epoch
+		if n, err = testdb.BlockedBy(ctx, admin, d, held.SessionID()); err != nil {
+			t.Fatal(err)
+		}
+		if ctx.Err() != nil {
+			t.Fatal("the waiters never queued")
+		}
+	}
+	t.Logf("waiters queued after %v", time.Since(queued).Round(time.Millisecond))
+	if _, err := admin.ExecContext(ctx, "DELETE FROM sqllock_run"); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if err := held.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for range waiters {
+		if err := <-got; err != nil {
+			t.Fatalf("a waiter: %v", err)
+		}
+	}
+	took := time.Since(start)
+	t.Logf("three hand-offs after the epoch was dropped: %v", took.Round(time.Millisecond))
+	if took > 5*time.Second {
+		t.Errorf("three hand-offs took %v", took)
+	}
+}
+
+// TestEpochStable: once a run has its epoch, acquisitions (by new Lockers too) do
+// not record new ones: sqllock_epoch grows once per server run, not per lease.
+func TestEpochStable(t *testing.T) {
+	const d = sqllock.MySQL
+	ctx := testdb.Context(t, time.Minute)
+	admin := testdb.Open(t, d)
+	name := testdb.Name(t)
+	acquire := func() {
+		t.Helper()
+		l := newLocker(t, testdb.Open(t, d), d)
+		le, err := l.Acquire(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := le.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	acquire() // the run has an epoch from here on
+	epochs := func() (n int64) {
+		t.Helper()
+		if err := admin.QueryRowContext(ctx, "SELECT COALESCE(MAX(epoch), 0) FROM sqllock_epoch").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	before := epochs()
+	for range 10 {
+		acquire()
+	}
+	if after := epochs(); after != before {
+		t.Fatalf("10 acquisitions in one run moved the epoch from %d to %d", before, after)
+	}
 }
