@@ -296,20 +296,13 @@ func (l *Locker) acquireKey(ctx context.Context, op string, key int64, wait bool
 	return l.acquire(ctx, op, id, wait, opts)
 }
 
-// admit checks ctx and (once per Locker) the deployment, before an acquisition's
-// own SQL; and refuses once the Locker saw its sessions move between server
-// backends (a transaction-pooling proxy).
+// admit is lease.Admit, and a refusal once the Locker saw its sessions move between
+// server backends (a transaction-pooling proxy).
 func (l *Locker) admit(ctx context.Context, op string, id lockID) error {
-	if err := ctx.Err(); err != nil {
-		return l.errorf(op, id, sqllock.ErrNotAcquired, err)
-	}
 	if err := l.st.pooled.Load(); err != nil {
 		return l.errorf(op, id, nil, *err)
 	}
-	if err := l.guard.Check(ctx); err != nil {
-		return l.errorf(op, id, lease.CheckKind(ctx, err), err)
-	}
-	return nil
+	return lease.Admit(ctx, l.guard, op, l.dialect, id.name)
 }
 
 func (l *Locker) errorf(op string, id lockID, kind, err error) error {

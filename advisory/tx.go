@@ -52,11 +52,8 @@ func (l *Locker) acquireTx(ctx context.Context, op string, tx *sql.Tx, name stri
 	if tx == nil {
 		return 0, l.errorf(op, id, sqllock.ErrInvalidOption, errors.New("nil *sql.Tx"))
 	}
-	if err := ctx.Err(); err != nil {
-		return 0, l.errorf(op, id, sqllock.ErrNotAcquired, err)
-	}
-	if err := l.guard.Check(ctx); err != nil {
-		return 0, l.errorf(op, id, lease.CheckKind(ctx, err), err)
+	if err := lease.Admit(ctx, l.guard, op, l.dialect, id.name); err != nil {
+		return 0, err
 	}
 	st := l.pgStmts(id)
 	var err error

@@ -269,7 +269,7 @@ func (l *Locker) lock(ctx context.Context, name string, opts []sqllock.AcquireOp
 	if err := l.check(op, name, opts); err != nil {
 		return nil, err
 	}
-	if err := l.admit(ctx, op, name); err != nil {
+	if err := lease.Admit(ctx, l.guard, op, l.dialect, name); err != nil {
 		return nil, err
 	}
 	select {
@@ -310,7 +310,7 @@ func (l *Locker) tryLock(ctx context.Context, name string, opts []sqllock.Acquir
 	if err := l.check(op, name, opts); err != nil {
 		return nil, err
 	}
-	if err := l.admit(ctx, op, name); err != nil {
+	if err := lease.Admit(ctx, l.guard, op, l.dialect, name); err != nil {
 		return nil, err
 	}
 	return l.acquireLoop(ctx, op, name, modeTry, func() {})
@@ -353,7 +353,7 @@ func (l *Locker) TryAcquireAny(ctx context.Context, names []string) (*Lease, err
 		keys[i] = namekey.Key(n)
 		byKey[string(keys[i])] = n
 	}
-	if err := l.admit(ctx, op, ""); err != nil {
+	if err := lease.Admit(ctx, l.guard, op, l.dialect, ""); err != nil {
 		return nil, err
 	}
 	for attempt := 0; ; attempt++ {
@@ -389,18 +389,6 @@ type retryErr struct{ cause error }
 func (e retryErr) Error() string        { return "retry: " + e.cause.Error() }
 func (e retryErr) Is(target error) bool { return target == errRetry }
 func (e retryErr) Unwrap() error        { return e.cause }
-
-// admit checks ctx and (once per Locker) the deployment, before an acquisition's
-// own SQL.
-func (l *Locker) admit(ctx context.Context, op, name string) error {
-	if err := ctx.Err(); err != nil {
-		return l.notAcquired(op, name, err)
-	}
-	if err := l.guard.Check(ctx); err != nil {
-		return lease.NewError(op, l.dialect, name, lease.CheckKind(ctx, err), err)
-	}
-	return nil
-}
 
 func (l *Locker) check(op, name string, opts []sqllock.AcquireOption) error {
 	if err := sqllock.ValidateName(name); err != nil {

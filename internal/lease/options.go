@@ -126,12 +126,21 @@ func New[C any, O ~func(*C) error](strategy string, db *sql.DB, d sqllock.Dialec
 	return nil
 }
 
-// CheckKind is the kind of an error of a deployment check (Guard.Check): none for a
-// refusal (it matches sqllock.ErrUnsafeDeployment itself), sqllock.ErrNotAcquired
-// if ctx ended during the probe, else none.
-func CheckKind(ctx context.Context, err error) error {
-	if !errors.Is(err, sqllock.ErrUnsafeDeployment) && ctx.Err() != nil {
-		return sqllock.ErrNotAcquired
+// Admit is the check every acquisition makes before its own SQL: ctx has not ended
+// (else an error matching sqllock.ErrNotAcquired), and the deployment suits the
+// strategy (g.Check, which sends SQL only until it has an answer). A refusal matches
+// sqllock.ErrUnsafeDeployment; a probe that ctx cut short matches
+// sqllock.ErrNotAcquired too. Errors are labelled with op, d and name.
+func Admit(ctx context.Context, g *deploy.Guard, op string, d sqllock.Dialect, name string) error {
+	if err := ctx.Err(); err != nil {
+		return NewError(op, d, name, sqllock.ErrNotAcquired, err)
+	}
+	if err := g.Check(ctx); err != nil {
+		var kind error
+		if !errors.Is(err, sqllock.ErrUnsafeDeployment) && ctx.Err() != nil {
+			kind = sqllock.ErrNotAcquired
+		}
+		return NewError(op, d, name, kind, err)
 	}
 	return nil
 }

@@ -242,7 +242,8 @@ func (b *Locker) OnConn(ctx context.Context, label string, stmt func(qctx contex
 }
 
 // Prelude checks an acquisition before its own SQL is sent: the name, the options
-// (and the lease time they give), ctx, and (once per Locker) the deployment. Its error is the one Acquire returns.
+// (and the lease time they give), and lease.Admit. Its error is the one Acquire
+// returns.
 func (b *Locker) Prelude(ctx context.Context, op, name string, opts []sqllock.AcquireOption) (sqllock.AcquireConfig, lease.Timing, error) {
 	if err := sqllock.ValidateName(name); err != nil {
 		return sqllock.AcquireConfig{}, lease.Timing{}, err
@@ -255,13 +256,7 @@ func (b *Locker) Prelude(ctx context.Context, op, name string, opts []sqllock.Ac
 	if err != nil {
 		return ac, tm, b.Errorf(op, name, sqllock.ErrInvalidOption, err)
 	}
-	if err := ctx.Err(); err != nil {
-		return ac, tm, b.Errorf(op, name, sqllock.ErrNotAcquired, err)
-	}
-	if err := b.Guard.Check(ctx); err != nil {
-		return ac, tm, b.Errorf(op, name, lease.CheckKind(ctx, err), err)
-	}
-	return ac, tm, nil
+	return ac, tm, lease.Admit(ctx, b.Guard, op, b.Dialect, name)
 }
 
 // StartLease starts the lease core of a lock granted to a waiter of key that held
