@@ -353,15 +353,6 @@ func TestFinding04bCommitReplyLost(t *testing.T) {
 	})
 }
 
-// tokenSQL is the SQL of a row's token, as Locker.CommittedToken reads it: on MySQL
-// the run's epoch above the AUTO_INCREMENT value (migration mysql/0006).
-func tokenSQL(d sqllock.Dialect) string {
-	if d == sqllock.MySQL {
-		return "(epoch << 40) + token"
-	}
-	return "token"
-}
-
 func commitReplyLost(t *testing.T, d sqllock.Dialect, afterCommit bool) {
 	holderDB, proxy := testdb.OpenProxied(t, d)
 	admin := testdb.Open(t, d)
@@ -394,7 +385,7 @@ func commitReplyLost(t *testing.T, d sqllock.Dialect, afterCommit bool) {
 			defer cancel()
 			for {
 				var tok int64
-				err := admin.QueryRowContext(pctx, "SELECT "+tokenSQL(d)+" FROM sqllock_rowlock WHERE name = "+ph(d, 1), []byte(name)).Scan(&tok)
+				err := admin.QueryRowContext(pctx, "SELECT "+forupdate.TokenSQL(d)+" FROM sqllock_rowlock WHERE name = "+ph(d, 1), []byte(name)).Scan(&tok)
 				if err == nil && tok == lease.Token() {
 					proxy.PauseReplies()
 					return

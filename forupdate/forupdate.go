@@ -583,11 +583,6 @@ func (l *Locker) classify(op, name string, err error) error {
 	return lease.NewError(op, l.dialect, name, nil, err)
 }
 
-// lockRow takes the row lock of key in tx, then, unless WithoutToken, draws the new
-// token and stores it in the row. It returns errNoRow if the row does not exist, in
-// modeTry a LockTimeout-class error when the row is locked, and ctx's error when ctx
-// ended. dirty reports that the session must be discarded (see watched). granted is
-// called as soon as the row lock is held.
 // bumpPostgres runs bump (pgBump or pgBumpReset) in tx and returns the token it drew;
 // the first time in a server run, when the run has no epoch yet, it records the
 // epoch (fence.Drawn), draws again and stores that token.
@@ -607,6 +602,11 @@ func (l *Locker) bumpPostgres(ctx context.Context, tx *sql.Tx, bump string, key 
 	return tok, err
 }
 
+// lockRow takes the row lock of key in tx, then, unless WithoutToken, draws the new
+// token and stores it in the row. It returns errNoRow if the row does not exist, in
+// modeTry a LockTimeout-class error when the row is locked, and ctx's error when ctx
+// ended. dirty reports that the session must be discarded (see watched). granted is
+// called as soon as the row lock is held.
 func (l *Locker) lockRow(ctx context.Context, tx *sql.Tx, target waitTarget, key []byte, name string, m mode, granted func()) (g grant, dirty bool, err error) {
 	var deadline time.Time
 	hasDeadline := false

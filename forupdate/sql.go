@@ -87,9 +87,6 @@ FROM pg_stat_activity WHERE pid = $1 AND backend_start <= $2 AND xact_start = $2
 	// missing key would be gap-locked for the whole lease (see ensureRows).
 	myAnyFmt = `SELECT lock_key, name, CONNECTION_ID(), epoch FROM sqllock_rowlock WHERE lock_key IN (%s)
 LIMIT 1 FOR UPDATE SKIP LOCKED`
-	// myToken is a row's token: its epoch (fence.EpochShiftMySQL) above its
-	// AUTO_INCREMENT value.
-	myToken = "(epoch << 40) + token"
 	// The MySQL locking reads also return the epoch of the row's last token: see
 	// Locker.myReplace.
 	// myBumpFmt replaces the locked row by a new one, which draws a new AUTO_INCREMENT
@@ -106,6 +103,12 @@ SELECT %s, %s, UTC_TIMESTAMP(6), r.epoch FROM sqllock_run r WHERE r.id = 1 AND r
 	// used because it also hides truncation and other errors.
 	myCreateFmt = `INSERT /* %s */ INTO sqllock_rowlock (lock_key, name) VALUES (?, ?)`
 	myVersion   = `SELECT VERSION()`
+)
+
+var (
+	// myToken is a row's token on MySQL: its epoch (fence.EpochShiftMySQL) above
+	// its AUTO_INCREMENT value.
+	myToken     = "(epoch << " + strconv.Itoa(fence.EpochShiftMySQL) + ") + token"
 	myCommitted = "SELECT " + myToken + " FROM sqllock_rowlock WHERE lock_key = ?"
 )
 

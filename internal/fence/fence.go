@@ -161,9 +161,9 @@ func Drawn(ctx context.Context, drawn sql.NullInt64, q Execer, db *sql.DB) (int6
 // token = epoch << EpochShiftMySQL + value (migration mysql/0006).
 const EpochShiftMySQL = 40
 
-// EpochColumnMySQL reads, in a statement, the epoch of the server's current run:
-// NULL until EpochMySQL recorded it.
-const EpochColumnMySQL = "(SELECT epoch FROM sqllock_run WHERE id = 1)"
+// runEpochMySQL reads the epoch of the server's current run: NULL until EpochMySQL
+// recorded it.
+const runEpochMySQL = "SELECT (SELECT epoch FROM sqllock_run WHERE id = 1)"
 
 // EpochMySQL returns the epoch of the MySQL server's current run, at least above,
 // recording a new one first if the run has none or an older one: a new row of
@@ -173,7 +173,7 @@ const EpochColumnMySQL = "(SELECT epoch FROM sqllock_run WHERE id = 1)"
 // starts. Of concurrent callers the largest epoch wins; the others use it.
 func EpochMySQL(ctx context.Context, db *sql.DB, above int64) (int64, error) {
 	var e sql.NullInt64
-	if err := db.QueryRowContext(ctx, "SELECT "+EpochColumnMySQL).Scan(&e); err != nil {
+	if err := db.QueryRowContext(ctx, runEpochMySQL).Scan(&e); err != nil {
 		return 0, err
 	}
 	if e.Valid && e.Int64 >= above {
@@ -190,7 +190,7 @@ func EpochMySQL(ctx context.Context, db *sql.DB, above int64) (int64, error) {
 	if _, err := db.ExecContext(ctx, "INSERT INTO sqllock_run (id, epoch) VALUES (1, ?) ON DUPLICATE KEY UPDATE epoch = GREATEST(epoch, ?)", id, id); err != nil {
 		return 0, err
 	}
-	if err := db.QueryRowContext(ctx, "SELECT "+EpochColumnMySQL).Scan(&e); err != nil {
+	if err := db.QueryRowContext(ctx, runEpochMySQL).Scan(&e); err != nil {
 		return 0, err
 	}
 	if !e.Valid {
