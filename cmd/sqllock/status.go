@@ -179,15 +179,44 @@ func collect(ctx context.Context, db *sql.DB, d sqllock.Dialect, o statusOpts) (
 
 func keyHex(k []byte) string { return hex.EncodeToString(k) }
 
-// leaseLocks reads uniqueindex's lease rows (expired ones too: their rows stay until
-// taken over or swept).
+// rowTable describes the lease rows of a row strategy for rowLocks.
+type rowTable struct {
+	strategy, table string
+	token           string // the column that is the fencing token
+	waiters         string // a boolean column: someone waits (FALSE if none)
+	where           string // which rows are held or expired leases
+	waitNote        string // where the waiters are
+	expiredNote     string // what an expired row means
+}
+
+var (
+	// leaseRows: uniqueindex (expired rows too: they stay until taken over or swept).
+	leaseRows = rowTable{strategy: "uniqueindex", table: "sqllock_lease", token: "token", waiters: "waiters", where: "TRUE",
+		waitNote:    "waiters wait in their own processes and are not listed",
+		expiredNote: "expired: free, the row stays until it is taken over or swept"}
+	// optimisticRows: the rows of sqllock_optimistic that have an owner.
+	optimisticRows = rowTable{strategy: "optimistic", table: "sqllock_optimistic", token: "version", waiters: "FALSE", where: "holds > 0",
+		waitNote:    "waiters poll from their own processes and are not listed",
+		expiredNote: "expired: free, the next compare-and-swap takes it"}
+)
+
 func leaseLocks(ctx context.Context, db *sql.DB, s *sqlDialect, snap *snapshot) error {
-	waiters := "waiters"
+	return rowLocks(ctx, db, s, snap, leaseRows)
+}
+
+func optimisticLocks(ctx context.Context, db *sql.DB, s *sqlDialect, snap *snapshot) error {
+	return rowLocks(ctx, db, s, snap, optimisticRows)
+}
+
+// rowLocks reads the lease rows of t: holder, token, since, time left on the
+// database clock.
+func rowLocks(ctx context.Context, db *sql.DB, s *sqlDialect, snap *snapshot, t rowTable) error {
+	waiters := t.waiters
 	if s.d == sqllock.MySQL {
-		waiters = "FALSE"
+		waiters = "FALSE" // MySQL rows have no waiters mark
 	}
-	rows, err := db.QueryContext(ctx, "SELECT lock_key, name, host, pid, holds, token, "+s.micros("acquired_at")+", "+
-		s.left("expires_at")+", "+waiters+" FROM sqllock_lease ORDER BY name")
+	rows, err := db.QueryContext(ctx, "SELECT lock_key, name, host, pid, holds, "+t.token+", "+s.micros("acquired_at")+", "+
+		s.left("expires_at")+", "+waiters+" FROM "+t.table+" WHERE "+t.where+" ORDER BY name")
 	if err != nil {
 		return err
 	}
@@ -204,49 +233,17 @@ func leaseLocks(ctx context.Context, db *sql.DB, s *sqlDialect, snap *snapshot) 
 		if err := rows.Scan(&key, &name, &host, &pid, &holds, &token, &since, &left, &flaggedWaiter); err != nil {
 			return err
 		}
-		l := Lock{Strategy: "uniqueindex", Name: ptr(string(name)), Key: keyHex(key),
+		l := Lock{Strategy: t.strategy, Name: ptr(string(name)), Key: keyHex(key),
 			Holder: &Party{Host: ptr(host), PID: ptr(pid)}, Token: ptr(token),
-			Since: microTime(since), ExpiresIn: leftSeconds(left), Waiters: []Party{},
-			Note: "waiters wait in their own processes and are not listed"}
+			Since: microTime(since), ExpiresIn: leftSeconds(left), Waiters: []Party{}, Note: t.waitNote}
 		if flaggedWaiter {
-			l.Note = "someone waits (the row's waiters flag); waiters wait in their own processes and are not listed"
+			l.Note = "someone waits (the row's waiters flag); " + t.waitNote
 		}
 		if holds > 1 {
 			l.Note = fmt.Sprintf("held %d times (reentrant); ", holds) + l.Note
 		}
 		if left.Valid && left.Int64 <= 0 {
-			l.Note = "expired: free, the row stays until it is taken over or swept"
-		}
-		snap.Locks = append(snap.Locks, l)
-	}
-	return rows.Err()
-}
-
-// optimisticLocks reads the rows of sqllock_optimistic that have an owner.
-func optimisticLocks(ctx context.Context, db *sql.DB, s *sqlDialect, snap *snapshot) error {
-	rows, err := db.QueryContext(ctx, "SELECT lock_key, name, host, pid, holds, version, "+s.micros("acquired_at")+", "+
-		s.left("expires_at")+" FROM sqllock_optimistic WHERE holds > 0 ORDER BY name")
-	if err != nil {
-		return err
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var (
-			key, name    []byte
-			host         string
-			pid, version int64
-			holds        int
-			since, left  sql.NullInt64
-		)
-		if err := rows.Scan(&key, &name, &host, &pid, &holds, &version, &since, &left); err != nil {
-			return err
-		}
-		l := Lock{Strategy: "optimistic", Name: ptr(string(name)), Key: keyHex(key),
-			Holder: &Party{Host: ptr(host), PID: ptr(pid)}, Token: ptr(version),
-			Since: microTime(since), ExpiresIn: leftSeconds(left), Waiters: []Party{},
-			Note: "waiters poll from their own processes and are not listed"}
-		if left.Valid && left.Int64 <= 0 {
-			l.Note = "expired: free, the next compare-and-swap takes it"
+			l.Note = t.expiredNote
 		}
 		snap.Locks = append(snap.Locks, l)
 	}
