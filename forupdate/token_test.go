@@ -2,10 +2,12 @@ package forupdate_test
 
 import (
 	"context"
+	"database/sql"
 	"testing"
 	"time"
 
 	"github.com/sqllock/sqllock"
+	"github.com/sqllock/sqllock/locktest"
 	"github.com/sqllock/sqllock/testdb"
 )
 
@@ -18,48 +20,8 @@ import (
 // token 42 before the crash and 42 again after it.
 func TestTokensAcrossCrash(t *testing.T) {
 	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
-		if !testdb.Restartable(t, d) {
-			return
-		}
-		tokensAcrossCrash(t, d)
+		locktest.TokensAcrossCrash(t, d, func(t testing.TB, db *sql.DB) sqllock.Locker { return newLocker(t, db, d) })
 	})
-}
-
-func tokensAcrossCrash(t *testing.T, d sqllock.Dialect) {
-	ctx := testdb.Context(t, 5*time.Minute)
-	l := newLocker(t, testdb.Open(t, d), d)
-	name := testdb.Name(t)
-	var last int64
-	for i := range 40 { // past a logged batch of the sequence (32 values)
-		le, err := l.Acquire(ctx, name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if le.Token() <= last {
-			t.Fatalf("acquisition %d: token %d after %d", i, le.Token(), last)
-		}
-		last = le.Token()
-		if err := le.Release(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
-	held, err := l.Acquire(ctx, name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	before := held.Token()
-	testdb.Crash(t, d)
-	<-held.Done() // the session died with the server
-	l2 := newLocker(t, testdb.Open(t, d), d)
-	le, err := l2.Acquire(ctx, name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer le.Release(ctx)
-	if le.Token() <= before {
-		t.Fatalf("token %d after the crash, %d drawn (uncommitted) before it", le.Token(), before)
-	}
-	t.Logf("token before the crash %d, after %d", before, le.Token())
 }
 
 // TestTokensAfterNodeSwitchMySQL: a name whose last token carries a newer epoch than

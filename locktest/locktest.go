@@ -746,3 +746,44 @@ func testLatency(t *testing.T, cfg *Config) {
 	}
 	t.Logf("held %v with %v latency each way (Acquire took %v): no loss", cfg.LatencyHold, cfg.Latency, took.Round(time.Millisecond))
 }
+
+// TokensAcrossCrash checks that fencing tokens grow across a crash of the server of
+// d (SIGKILL, no shutdown: what was not flushed is lost): after 40 acquisitions
+// (tokens strictly increasing; past a logged batch of a sequence), a lease held
+// while the server is killed has a token smaller than the first one drawn after the
+// restart. newLocker makes a Locker on a pool. It needs a server it can crash
+// (testdb.Restartable): against one given by DSN it logs that and returns.
+func TokensAcrossCrash(t *testing.T, d sqllock.Dialect, newLocker func(t testing.TB, db *sql.DB) sqllock.Locker) {
+	if !testdb.Restartable(t, d) {
+		return
+	}
+	ctx := testdb.Context(t, 5*time.Minute)
+	l := newLocker(t, testdb.Open(t, d))
+	name := uniqueName(t)
+	var last int64
+	for i := range 40 {
+		le := mustAcquire(t, l, name)
+		if le.Token() <= last {
+			t.Fatalf("acquisition %d: token %d after %d", i, le.Token(), last)
+		}
+		last = le.Token()
+		release(t, le)
+	}
+	held := mustAcquire(t, l, name)
+	before := held.Token()
+	testdb.Crash(t, d)
+	select { // the session died with the server
+	case <-held.Done():
+	case <-ctx.Done():
+		t.Fatal("the lease held through the crash did not end")
+	}
+	le, err := newLocker(t, testdb.Open(t, d)).Acquire(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer le.Release(ctx)
+	if le.Token() <= before {
+		t.Fatalf("token %d after the crash, %d drawn before it by a lease held through it", le.Token(), before)
+	}
+	t.Logf("token before the crash %d, after %d", before, le.Token())
+}
