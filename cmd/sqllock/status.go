@@ -179,6 +179,26 @@ func collect(ctx context.Context, db *sql.DB, d sqllock.Dialect, o statusOpts) (
 
 func keyHex(k []byte) string { return hex.EncodeToString(k) }
 
+// add files p as a waiter, or the holder, of the lock of key in snap (made by mk the
+// first time; byKey indexes snap.Locks by key). holder reports that p became the
+// lock's holder (a later holder record of the same lock is ignored).
+func (snap *snapshot) add(byKey map[string]int, key string, mk func() Lock, p Party, waiting bool) (l *Lock, holder bool) {
+	i, ok := byKey[key]
+	if !ok {
+		i = len(snap.Locks)
+		byKey[key] = i
+		snap.Locks = append(snap.Locks, mk())
+	}
+	l = &snap.Locks[i]
+	switch {
+	case waiting:
+		l.Waiters = append(l.Waiters, p)
+	case l.Holder == nil:
+		l.Holder, holder = &p, true
+	}
+	return l, holder
+}
+
 // rowTable describes the lease rows of a row strategy for rowLocks.
 type rowTable struct {
 	strategy, table string
@@ -768,22 +788,15 @@ ORDER BY 6 DESC`)
 	}
 	byKey := map[string]int{}
 	for _, r := range recs { // holders first (ordered so), then waiters
-		i, ok := byKey[r.key]
-		if !ok {
-			l := Lock{Strategy: "forupdate", Key: r.key, Waiters: []Party{},
-				Note: "token: the holder's is uncommitted"}
+		l, holder := snap.add(byKey, r.key, func() Lock {
+			l := Lock{Strategy: "forupdate", Key: r.key, Waiters: []Party{}, Note: "token: the holder's is uncommitted"}
 			if n, ok := names[r.key]; ok {
 				l.Name = ptr(n)
 			}
-			i = len(snap.Locks)
-			byKey[r.key] = i
-			snap.Locks = append(snap.Locks, l)
-		}
-		l := &snap.Locks[i]
-		if r.waiting {
-			l.Waiters = append(l.Waiters, r.p)
-		} else if l.Holder == nil {
-			l.Holder, l.Since = ptr(r.p), r.since
+			return l
+		}, r.p, r.waiting)
+		if holder {
+			l.Since = r.since
 		}
 	}
 	return nil
@@ -934,24 +947,15 @@ WHERE LOCK_TYPE = 'User lock' AND TABLE_SCHEMA LIKE 'sqllock:%'`)
 	sort.SliceStable(recs, func(i, j int) bool { return !recs[i].waiting && recs[j].waiting })
 	byKey := map[string]int{}
 	for _, r := range recs {
-		i, ok := byKey[r.lockName]
-		if !ok {
+		snap.add(byKey, r.lockName, func() Lock {
 			l := Lock{Strategy: "advisory", Key: r.lockName, Waiters: []Party{}}
 			if n, ok := lookup[r.lockName]; ok {
 				l.Name = ptr(n)
 			} else {
 				l.Note = "unknown name (pass it with -name)"
 			}
-			i = len(snap.Locks)
-			byKey[r.lockName] = i
-			snap.Locks = append(snap.Locks, l)
-		}
-		l := &snap.Locks[i]
-		if r.waiting {
-			l.Waiters = append(l.Waiters, r.p)
-		} else if l.Holder == nil {
-			l.Holder = ptr(r.p)
-		}
+			return l
+		}, r.p, r.waiting)
 	}
 	return nil
 }
