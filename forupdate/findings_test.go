@@ -385,7 +385,7 @@ func commitReplyLost(t *testing.T, d sqllock.Dialect, afterCommit bool) {
 			defer cancel()
 			for {
 				var tok int64
-				err := admin.QueryRowContext(pctx, "SELECT "+forupdate.TokenSQL(d)+" FROM sqllock_rowlock WHERE name = "+ph(d, 1), []byte(name)).Scan(&tok)
+				err := admin.QueryRowContext(pctx, "SELECT token FROM sqllock_rowlock WHERE name = "+ph(d, 1), []byte(name)).Scan(&tok)
 				if err == nil && tok == lease.Token() {
 					proxy.PauseReplies()
 					return

@@ -157,8 +157,6 @@ type Locker struct {
 	queued atomic.Int64 // Lock calls waiting in the process for a waiter slot
 	inDB   atomic.Int64 // statements that may wait for a lock, under way
 	flavor atomic.Int32 // MySQL server flavour (flavor*), asked once
-	// myEpoch is the MySQL run epoch the Locker last saw (see myReplace), 0 if none.
-	myEpoch atomic.Int64
 }
 
 var _ sqllock.Locker = (*Locker)(nil)
@@ -651,16 +649,15 @@ func (l *Locker) lockRow(ctx context.Context, tx *sql.Tx, target waitTarget, key
 		return g, false, err
 	}
 	g.since = sent
-	var rowEpoch int64
 	if m == modeTry {
-		err = tx.QueryRowContext(ctx, fmt.Sprintf(myTryFmt, hexLit(key))).Scan(&g.sid, &rowEpoch)
+		err = tx.QueryRowContext(ctx, fmt.Sprintf(myTryFmt, hexLit(key))).Scan(&g.sid)
 	} else {
 		query := fmt.Sprintf(myLockFmt, target.marker, hexLit(key))
 		if hasDeadline {
 			query = serverWaitBound(target.flavor, time.Until(deadline), query)
 		}
 		dirty, err = l.watched(ctx, target, false, func(qctx context.Context) error {
-			return tx.QueryRowContext(qctx, query).Scan(&g.sid, &rowEpoch)
+			return tx.QueryRowContext(qctx, query).Scan(&g.sid)
 		})
 	}
 	g.at = l.boundStart(sent)
@@ -668,7 +665,7 @@ func (l *Locker) lockRow(ctx context.Context, tx *sql.Tx, target waitTarget, key
 		return g, dirty, err
 	}
 	g.at = time.Now()
-	g.token, err = l.myReplace(nctx, tx, key, name, rowEpoch)
+	g.token, err = myReplace(nctx, tx, key, name)
 	return g, false, err
 }
 
@@ -691,37 +688,13 @@ func (l *Locker) locked(ctx context.Context, err error, dirty bool, granted func
 	return nil
 }
 
-// myReplace replaces the locked row of key (see myBumpFmt) and returns its new token:
-// the run's epoch above the new AUTO_INCREMENT value. The Locker keeps the epoch it
-// last saw; if the run has another (the server restarted, or another Locker
-// recorded a newer one), none yet, or one older than the epoch of the row's last
-// token (drawn on another server: a Galera node the clients failed over from),
-// fence.EpochMySQL reads the run's epoch, or records a new one if it is older than
-// rowEpoch, and the replace runs again.
-func (l *Locker) myReplace(ctx context.Context, tx *sql.Tx, key []byte, name string, rowEpoch int64) (int64, error) {
-	for attempt := 0; ; attempt++ {
-		// The same epoch as the row's is the same run, whose AUTO_INCREMENT values
-		// only grow.
-		epoch := l.myEpoch.Load()
-		if epoch > 0 && epoch >= rowEpoch {
-			res, err := tx.ExecContext(ctx, fmt.Sprintf(myBumpFmt, hexLit(key), hexLit([]byte(name)), epoch))
-			if err != nil {
-				return 0, err
-			}
-			if n, err := res.RowsAffected(); err != nil || n > 0 {
-				id, ierr := res.LastInsertId()
-				return epoch<<fence.EpochShiftMySQL + id, errors.Join(err, ierr)
-			}
-		}
-		if attempt == 2 {
-			return 0, errors.New("fencing token: the server's run epoch keeps changing")
-		}
-		e, err := fence.EpochMySQL(ctx, l.db, max(rowEpoch, 1))
-		if err != nil {
-			return 0, fmt.Errorf("fencing token: %w", err)
-		}
-		l.myEpoch.Store(e)
+// myReplace replaces the locked row of key (see myBumpFmt) and returns its new token.
+func myReplace(ctx context.Context, tx *sql.Tx, key []byte, name string) (int64, error) {
+	res, err := tx.ExecContext(ctx, fmt.Sprintf(myBumpFmt, hexLit(key), hexLit([]byte(name))))
+	if err != nil {
+		return 0, err
 	}
+	return res.LastInsertId()
 }
 
 // errRowBusy: a MySQL INSERT creating a lock row waited for a row lock, so the row
@@ -843,10 +816,9 @@ func (l *Locker) anyAttempt(ctx context.Context, op string, keys [][]byte, names
 		} else {
 			var name []byte
 			q := fmt.Sprintf(myAnyFmt, placeholders(len(keys)))
-			var rowEpoch int64
-			err = tx.QueryRowContext(ctx, q, anyArgs(keys, 1)...).Scan(&key, &name, &g.sid, &rowEpoch)
+			err = tx.QueryRowContext(ctx, q, anyArgs(keys, 1)...).Scan(&key, &name, &g.sid)
 			if err == nil && !l.cfg.noToken {
-				g.token, err = l.myReplace(ctx, tx, key, string(name), rowEpoch)
+				g.token, err = myReplace(ctx, tx, key, string(name))
 			}
 		}
 		if err == nil && ctx.Err() == nil {

@@ -79,37 +79,24 @@ FROM pg_stat_activity WHERE pid = $1 AND backend_start <= $2 AND xact_start = $2
 	// interrupted; the connection id is not known before the statement returns.
 	// Statements that may wait start with "SELECT " or "INSERT " so that
 	// serverWaitBound can give them a server-side bound.
-	myLockFmt = `SELECT /* %s */ CONNECTION_ID(), epoch FROM sqllock_rowlock WHERE lock_key = %s FOR UPDATE`
-	myTryFmt  = `SELECT CONNECTION_ID(), epoch FROM sqllock_rowlock WHERE lock_key = %s FOR UPDATE NOWAIT`
+	myLockFmt = `SELECT /* %s */ CONNECTION_ID() FROM sqllock_rowlock WHERE lock_key = %s FOR UPDATE`
+	myTryFmt  = `SELECT CONNECTION_ID() FROM sqllock_rowlock WHERE lock_key = %s FOR UPDATE NOWAIT`
 	// myAnyFmt has no ORDER BY: InnoDB would lock every row it reads for the sort,
 	// not only the one LIMIT keeps. Without it, rows are read (and the first free one
 	// locked) in key order. Every key in the list must have a row: at REPEATABLE READ a
 	// missing key would be gap-locked for the whole lease (see ensureRows).
-	myAnyFmt = `SELECT lock_key, name, CONNECTION_ID(), epoch FROM sqllock_rowlock WHERE lock_key IN (%s)
+	myAnyFmt = `SELECT lock_key, name, CONNECTION_ID() FROM sqllock_rowlock WHERE lock_key IN (%s)
 LIMIT 1 FOR UPDATE SKIP LOCKED`
-	// The MySQL locking reads also return the epoch of the row's last token: see
-	// Locker.myReplace.
 	// myBumpFmt replaces the locked row by a new one, which draws a new AUTO_INCREMENT
-	// value (the statement's insert id), under the epoch the Locker knows (%d), and
-	// only if that is still the run's (sqllock_run): else it changes nothing and the
-	// Locker learns the run's epoch first. sqllock_run, a MEMORY table, is read only
-	// by statements that do not wait for row locks: a statement that reads it holds
-	// a table lock on it while it runs, and one waiting for a row held by a
-	// transaction that records a new epoch would deadlock with it.
-	myBumpFmt = `REPLACE INTO sqllock_rowlock (lock_key, name, acquired_at, epoch)
-SELECT %s, %s, UTC_TIMESTAMP(6), r.epoch FROM sqllock_run r WHERE r.id = 1 AND r.epoch = %d`
+	// token (the statement's insert id). The conflict is on the primary key, not the
+	// last unique key, so the server deletes and inserts rather than updating in place.
+	myBumpFmt     = `REPLACE INTO sqllock_rowlock (lock_key, name, acquired_at) VALUES (%s, %s, UTC_TIMESTAMP(6))`
 	myExistingFmt = `SELECT lock_key FROM sqllock_rowlock WHERE lock_key IN (%s)`
 	// A duplicate key (1062) means the row exists: the goal. INSERT IGNORE is not
 	// used because it also hides truncation and other errors.
 	myCreateFmt = `INSERT /* %s */ INTO sqllock_rowlock (lock_key, name) VALUES (?, ?)`
 	myVersion   = `SELECT VERSION()`
-)
-
-var (
-	// myToken is a row's token on MySQL: its epoch (fence.EpochShiftMySQL) above
-	// its AUTO_INCREMENT value.
-	myToken     = "(epoch << " + strconv.Itoa(fence.EpochShiftMySQL) + ") + token"
-	myCommitted = "SELECT " + myToken + " FROM sqllock_rowlock WHERE lock_key = ?"
+	myCommitted = `SELECT token FROM sqllock_rowlock WHERE lock_key = ?`
 )
 
 // pgStatements are the PostgreSQL locking reads of a Locker whose transactions are
@@ -159,7 +146,7 @@ func newMyStatements(flavor int32) myStatements {
 	return myStatements{
 		activity: "SELECT p.COMMAND, p.TIME, p.STATE, " +
 			"(SELECT CAST(VARIABLE_VALUE AS SIGNED) FROM " + status + " WHERE UPPER(VARIABLE_NAME) = 'UPTIME'), " +
-			"(SELECT " + myToken + " FROM sqllock_rowlock WHERE lock_key = %s) " +
+			"(SELECT token FROM sqllock_rowlock WHERE lock_key = %s) " +
 			"FROM " + processlist + " p WHERE p.ID = %d",
 		find: "SELECT ID FROM " + processlist + " WHERE INFO LIKE ? AND ID <> CONNECTION_ID()",
 		inTx: inTx,
@@ -170,7 +157,7 @@ func newMyStatements(flavor int32) myStatements {
 // does not wait, returning its token and whether the session is in a transaction
 // (MariaDB; NULL on MySQL).
 func (m myStatements) stillOpen(key []byte) string {
-	return "SELECT " + myToken + ", " + m.inTx + " FROM sqllock_rowlock WHERE lock_key = " + hexLit(key) + " FOR UPDATE NOWAIT"
+	return "SELECT token, " + m.inTx + " FROM sqllock_rowlock WHERE lock_key = " + hexLit(key) + " FOR UPDATE NOWAIT"
 }
 
 // sending reports whether a MySQL processlist STATE says that the session is writing

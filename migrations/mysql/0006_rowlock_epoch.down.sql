@@ -1,3 +1,0 @@
-ALTER TABLE sqllock_rowlock DROP COLUMN epoch;
-DROP TABLE IF EXISTS sqllock_run;
-DROP TABLE IF EXISTS sqllock_epoch;
