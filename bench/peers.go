@@ -1,4 +1,3 @@
-//go:build peers
 
 package main
 
