@@ -3,6 +3,7 @@ package optimistic
 import (
 	"context"
 	"database/sql"
+	"fmt"
 	"time"
 
 	"github.com/sqllock/sqllock"
@@ -20,10 +21,13 @@ type Lease struct {
 	reentrant  bool
 	ttl        time.Duration
 	core       *lease.Lease
+	// turn is the server-side line's turn that got the lock, or nil: its session holds
+	// the line lock until the release statement gives it back (GiveBack).
+	turn *wait.Turn
 }
 
-func (l *Locker) newLease(name string, key, owner []byte, version int64, tm lease.Timing, reentrant bool, granted time.Time, slot *wait.Slot) *Lease {
-	le := &Lease{l: l, name: name, key: key, owner: owner, version: version, reentrant: reentrant, ttl: tm.TTL}
+func (l *Locker) newLease(name string, key, owner []byte, version int64, tm lease.Timing, reentrant bool, granted time.Time, slot *wait.Slot, turn *wait.Turn) *Lease {
+	le := &Lease{l: l, name: name, key: key, owner: owner, version: version, reentrant: reentrant, ttl: tm.TTL, turn: turn}
 	le.core = l.b.StartLease(keeper{le}, tm, name, key, granted, slot)
 	le.core.Run()
 	return le
@@ -90,31 +94,11 @@ func renewArgs(d sqllock.Dialect, key []byte, version int64, owner []byte, ttl t
 func (k keeper) GiveBack(ctx context.Context, lost bool) error {
 	le := k.le
 	var n, left int64
-	err := wait.Retry(ctx, func() error {
-		if le.l.b.Dialect == sqllock.Postgres {
-			// An Exec: unlike a query with a context, it starts no goroutine of
-			// database/sql's. Rows: 0 not found, 1 holds left, 2 freed.
-			res, err := le.l.b.Stmts.Exec(ctx, releasePostgres, le.key, le.version, le.owner)
-			if err != nil {
-				return err
-			}
-			rows, err := res.RowsAffected()
-			n, left = min(rows, 1), 0
-			if rows == 1 {
-				left = 1
-			}
-			return err
-		}
-		res, err := le.l.b.Stmts.Exec(ctx, releaseMySQL, le.key, le.version, le.owner)
-		if err != nil {
-			return err
-		}
-		if n, err = res.RowsAffected(); err != nil {
-			return err
-		}
-		left, err = res.LastInsertId()
+	err := wait.Retry(ctx, func() (err error) {
+		n, left, err = le.release(ctx)
 		return err
 	}, nil)
+	le.turn.Leave(ctx) // gives the line lock back unless the release did
 	if err := rowlease.Released(n, err, lost, "lease row"); err != nil || lost {
 		return err
 	}
@@ -122,6 +106,74 @@ func (k keeper) GiveBack(ctx context.Context, lost bool) error {
 		le.l.rememberVersion(le.key, le.version)
 	}
 	return nil
+}
+
+// release gives one hold back: n is the rows found (0 or 1), left the holds left.
+// Through the session of the line's turn that got the lock, if any, which gives the
+// line lock back in the same statement; otherwise through the pool. Either way a
+// release that finds someone waiting in the line makes the Locker's next
+// acquisition of the name wait in line at once.
+func (le *Lease) release(ctx context.Context) (n, left int64, err error) {
+	l := le.l
+	if t := le.turn; t.In() && !t.Dirty() {
+		err = t.Run(ctx, "optimistic release", func(qctx context.Context, conn *sql.Conn) error {
+			if l.b.Dialect == sqllock.Postgres {
+				var unlocked, inLine bool
+				var notified sql.NullString
+				if err := conn.QueryRowContext(qctx, releaseLinePostgres, le.key, le.version, le.owner, l.b.Line.PgKey(le.key)).
+					Scan(&n, &unlocked, &inLine, &notified); err != nil {
+					return err
+				}
+				t.Released(unlocked, inLine)
+				return nil
+			}
+			q := fmt.Sprintf(releaseLineMySQL, wait.MyKey(le.key), le.version, wait.MyKey(le.owner), l.b.Line.MyRelease(wait.MyKey(le.key)))
+			r, err := conn.ExecContext(qctx, q)
+			if err != nil {
+				return err
+			}
+			v, err := r.LastInsertId()
+			if err != nil {
+				return err
+			}
+			if unlocked, inLine, ok := wait.MyReleased(v % 8); ok {
+				n, left = 1, v/8
+				t.Released(unlocked, inLine)
+			}
+			return nil
+		})
+		return n, left, err
+	}
+	if l.b.Dialect == sqllock.Postgres {
+		// An Exec: unlike a query with a context, it starts no goroutine of
+		// database/sql's. Rows: 0 not found, 1 holds left, 2 freed, 3 freed and
+		// someone waits in line.
+		res, err := l.b.Stmts.Exec(ctx, releasePostgres, le.key, le.version, le.owner, l.b.Line.PgKey(le.key))
+		if err != nil {
+			return 0, 0, err
+		}
+		rows, err := res.RowsAffected()
+		if rows == 3 {
+			l.b.Line.Saw(string(le.key))
+		}
+		n = min(rows, 1)
+		if rows == 1 {
+			left = 1
+		}
+		return n, left, err
+	}
+	res, err := l.b.Stmts.Exec(ctx, releaseMySQL, le.key, le.key, le.version, le.owner)
+	if err != nil {
+		return 0, 0, err
+	}
+	if n, err = res.RowsAffected(); err != nil {
+		return 0, 0, err
+	}
+	v, err := res.LastInsertId()
+	if v%2 == 1 {
+		l.b.Line.Saw(string(le.key))
+	}
+	return n, v / 2, err
 }
 
 // observed returns the lease's core and token, for the lease core's telemetry.

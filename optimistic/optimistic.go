@@ -6,14 +6,16 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/sqllock/sqllock"
 	"github.com/sqllock/sqllock/internal/lease"
 	"github.com/sqllock/sqllock/internal/namekey"
+	"github.com/sqllock/sqllock/internal/pin"
+	"github.com/sqllock/sqllock/internal/prep"
 	"github.com/sqllock/sqllock/internal/rowlease"
+	"github.com/sqllock/sqllock/internal/sqlerr"
 	"github.com/sqllock/sqllock/internal/wait"
 )
 
@@ -94,7 +96,9 @@ func New(db *sql.DB, d sqllock.Dialect, opts ...Option) (*Locker, error) {
 	if err := lease.New("optimistic", db, d, &cfg, &cfg.Config, opts); err != nil {
 		return nil, err
 	}
-	return &Locker{b: rowlease.New("optimistic", db, d, cfg, channel), versions: map[string]int64{}}, nil
+	b := rowlease.New("optimistic", db, d, cfg, channel)
+	b.EnableLine()
+	return &Locker{b: b, versions: map[string]int64{}}, nil
 }
 
 // Close stops the shared PostgreSQL listener and wakes the waiters, which go on by
@@ -146,10 +150,27 @@ func (l *Locker) acquireLease(ctx context.Context, op, name string, opts []sqllo
 		return nil, err
 	}
 	a := &attempt{l: l, key: namekey.Key(name), name: name, owner: l.b.Owner('L', ac.Owner), ttl: tm.TTL, reentrant: ac.Owner != ""}
-	slot, uncertain, kind, err := wait.Loop{
+	slot, turn, uncertain, kind, err := wait.Loop{
 		Hub: l.b.Hub, Key: string(a.key), Block: block, Queue: !a.reentrant, Poll: l.b.Cfg.Poll, Log: l.b.Cfg.Logger,
 		Attempt: func(ctx context.Context) (wait.Result, error) {
 			res, err := a.try(ctx)
+			if err == nil && res.Acquired {
+				a.start, res.Acquired, err = l.b.Fresh(ctx, a.start, a.ttl, func(ctx context.Context) (bool, error) {
+					n, err := l.b.Changed(ctx, nil, l.b.Pick(renewPostgres, renewMySQL), renewArgs(l.b.Dialect, a.key, a.version, a.owner, a.ttl)...)
+					return n > 0, err
+				})
+			}
+			return res, err
+		},
+		Line: l.b.Line,
+		InLine: func(ctx context.Context, t *wait.Turn, enter bool) (wait.Result, error) {
+			var res wait.Result
+			var err error
+			if enter {
+				res, err = a.enter(ctx, t)
+			} else {
+				res, err = a.tryOn(ctx, t)
+			}
 			if err == nil && res.Acquired {
 				a.start, res.Acquired, err = l.b.Fresh(ctx, a.start, a.ttl, func(ctx context.Context) (bool, error) {
 					n, err := l.b.Changed(ctx, nil, l.b.Pick(renewPostgres, renewMySQL), renewArgs(l.b.Dialect, a.key, a.version, a.owner, a.ttl)...)
@@ -165,7 +186,7 @@ func (l *Locker) acquireLease(ctx context.Context, op, name string, opts []sqllo
 		}
 		return nil, l.b.Errorf(op, name, kind, err)
 	}
-	le := l.newLease(name, a.key, a.owner, a.version, tm, a.reentrant, a.start, slot)
+	le := l.newLease(name, a.key, a.owner, a.version, tm, a.reentrant, a.start, slot, turn)
 	if err := lease.Granted(ctx, le.core.Label(), op, le.Release); err != nil {
 		return nil, err
 	}
@@ -190,11 +211,34 @@ type attempt struct {
 // version read. A live row of the same owner is re-entered (WithOwner) or adopted
 // (this acquisition's own, from an attempt whose reply was lost).
 func (a *attempt) try(ctx context.Context) (wait.Result, error) {
-	l := a.l
-	actx, cancel := l.b.AttemptContext(ctx)
+	actx, cancel := a.l.b.AttemptContext(ctx)
 	defer cancel()
+	return a.tryWith(actx, poolQuerier{a.l.b.Stmts})
+}
+
+// querier runs the statements of an attempt: on the pool, through the Locker's
+// statement cache, or on one connection.
+type querier interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// poolQuerier runs statements through the statement cache.
+type poolQuerier struct{ c *prep.Cache }
+
+func (p poolQuerier) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	return p.c.Exec(ctx, query, args...)
+}
+
+func (p poolQuerier) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
+	return p.c.QueryRow(ctx, query, args...)
+}
+
+// tryWith is try on q.
+func (a *attempt) tryWith(actx context.Context, q querier) (wait.Result, error) {
+	l := a.l
 	if v, ok := l.cachedVersion(a.key); ok && !a.reentrant {
-		if ok, err := a.swap(actx, v); err != nil || ok {
+		if ok, err := a.swap(actx, q, v); err != nil || ok {
 			return wait.Result{Acquired: ok}, err
 		}
 	}
@@ -204,13 +248,9 @@ func (a *attempt) try(ctx context.Context) (wait.Result, error) {
 			owner []byte
 			left  int64
 		)
-		q := readMySQL
-		if l.b.Dialect == sqllock.Postgres {
-			q = readPostgres
-		}
-		err := l.b.Stmts.QueryRow(actx, q, a.key).Scan(&v, &owner, &left)
+		err := q.QueryRowContext(actx, l.b.Pick(readPostgres, readMySQL), a.key).Scan(&v, &owner, &left)
 		if errors.Is(err, sql.ErrNoRows) && !created {
-			if err := a.create(actx); err != nil {
+			if err := a.create(actx, q); err != nil {
 				return wait.Result{}, err
 			}
 			continue
@@ -221,33 +261,29 @@ func (a *attempt) try(ctx context.Context) (wait.Result, error) {
 		l.rememberVersion(a.key, v)
 		if left > 0 {
 			if string(owner) == string(a.owner) {
-				ok, err := a.reenter(actx)
+				ok, err := a.reenter(actx, q)
 				return wait.Result{Acquired: ok}, err
 			}
 			return wait.Result{HolderLeft: time.Duration(left) * time.Microsecond}, nil
 		}
-		ok, err := a.swap(actx, v)
+		ok, err := a.swap(actx, q, v)
 		return wait.Result{Acquired: ok}, err
 	}
 }
 
-func (a *attempt) create(ctx context.Context) error {
-	q := createMySQL
-	if a.l.b.Dialect == sqllock.Postgres {
-		q = createPostgres
-	}
-	_, err := a.l.b.Stmts.Exec(ctx, q, a.key, []byte(a.name))
+func (a *attempt) create(ctx context.Context, q querier) error {
+	_, err := q.ExecContext(ctx, a.l.b.Pick(createPostgres, createMySQL), a.key, []byte(a.name))
 	return err
 }
 
 // swap is the compare-and-swap from version v. It reports whether it took the lock.
-func (a *attempt) swap(ctx context.Context, v int64) (bool, error) {
+func (a *attempt) swap(ctx context.Context, q querier, v int64) (bool, error) {
 	l := a.l
 	us := a.ttl.Microseconds()
 	start := l.b.Now()
 	if l.b.Dialect == sqllock.Postgres {
 		var nv int64
-		err := l.b.Stmts.QueryRow(ctx, acquirePostgres, a.key, v, a.owner, us, l.b.Host, l.b.PID).Scan(&nv)
+		err := q.QueryRowContext(ctx, acquirePostgres, a.key, v, a.owner, us, l.b.Host, l.b.PID).Scan(&nv)
 		if errors.Is(err, sql.ErrNoRows) {
 			return false, nil
 		}
@@ -257,7 +293,7 @@ func (a *attempt) swap(ctx context.Context, v int64) (bool, error) {
 		a.version, a.start = nv, start
 		return true, nil
 	}
-	res, err := l.b.Stmts.Exec(ctx, acquireMySQL, a.owner, us, l.b.Host, l.b.PID, a.key, a.key, v)
+	res, err := q.ExecContext(ctx, acquireMySQL, a.owner, us, l.b.Host, l.b.PID, a.key, a.key, v)
 	if err != nil {
 		return false, err
 	}
@@ -275,13 +311,13 @@ func (a *attempt) swap(ctx context.Context, v int64) (bool, error) {
 
 // reenter adds a hold to the owner's live row (reentrant) or adopts it (this
 // acquisition's own). It reports whether the row was the owner's.
-func (a *attempt) reenter(ctx context.Context) (bool, error) {
+func (a *attempt) reenter(ctx context.Context, q querier) (bool, error) {
 	l := a.l
 	us := a.ttl.Microseconds()
 	start := l.b.Now()
 	if l.b.Dialect == sqllock.Postgres {
 		var v int64
-		err := l.b.Stmts.QueryRow(ctx, reenterPostgres, a.key, a.owner, us, a.reentrant).Scan(&v)
+		err := q.QueryRowContext(ctx, reenterPostgres, a.key, a.owner, us, a.reentrant).Scan(&v)
 		if errors.Is(err, sql.ErrNoRows) {
 			return false, nil
 		}
@@ -291,7 +327,7 @@ func (a *attempt) reenter(ctx context.Context) (bool, error) {
 		a.version, a.start = v, start
 		return true, nil
 	}
-	res, err := l.b.Stmts.Exec(ctx, reenterMySQL, a.reentrant, us, a.key, a.owner)
+	res, err := q.ExecContext(ctx, reenterMySQL, a.reentrant, us, a.key, a.owner)
 	if err != nil {
 		return false, err
 	}
@@ -304,6 +340,86 @@ func (a *attempt) reenter(ctx context.Context) (bool, error) {
 	}
 	a.version, a.start = v, start
 	return true, nil
+}
+
+// tryOn is try on a turn's session that holds the line lock already: the same
+// statements, on that session.
+func (a *attempt) tryOn(ctx context.Context, t *wait.Turn) (wait.Result, error) {
+	var res wait.Result
+	err := t.Run(ctx, "optimistic attempt", func(qctx context.Context, conn *sql.Conn) error {
+		var err error
+		res, err = a.tryWith(qctx, conn)
+		return err
+	})
+	return res, err
+}
+
+// enter is one attempt on turn t's session that first enters the key's server-side
+// line: one statement that waits for the line lock and then takes the row if it is
+// free (acquireLinePostgres, acquireLineMySQL).
+func (a *attempt) enter(ctx context.Context, t *wait.Turn) (wait.Result, error) {
+	l := a.l
+	lineWait := l.b.Line.Wait(ctx)
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), lineWait+l.b.Cfg.Attempt)
+	defer cancel()
+	us := a.ttl.Microseconds()
+	var res wait.Result
+	err := t.Run(actx, "optimistic attempt", func(qctx context.Context, conn *sql.Conn) error {
+		start := l.b.Now()
+		if l.b.Dialect == sqllock.Postgres {
+			var v sql.NullInt64
+			var inserted, waited bool
+			err := conn.QueryRowContext(qctx, acquireLinePostgres, a.key, []byte(a.name), a.owner, us, l.b.Host, l.b.PID,
+				pin.Millis(lineWait), pin.Millis(a.ttl), l.b.Line.PgKey(a.key)).Scan(&v, &inserted, &waited)
+			if sqlerr.Is(err, sqlerr.LockTimeout) {
+				return nil // the wait ran out: not entered
+			}
+			if err != nil {
+				return err
+			}
+			res.Entered, res.Waited = true, waited
+			if !v.Valid {
+				return nil // held
+			}
+			if inserted {
+				// A row created meanwhile: its version came from a snapshot older
+				// than the wait; check the counter again.
+				if err := conn.QueryRowContext(qctx, fixVersionPostgres, a.key, a.owner, v.Int64).Scan(&v); err != nil {
+					return err
+				}
+			}
+			a.version, a.start, res.Acquired = v.Int64, start, true
+			return nil
+		}
+		q := fmt.Sprintf(acquireLineMySQL, wait.MyEnter(l.b.Line.MyName(wait.MyKey(a.key)), lineWait), wait.MyKey(a.key),
+			wait.MyKey(a.owner), us, wait.MyKey([]byte(l.b.Host)), l.b.PID)
+		r, err := conn.ExecContext(qctx, q)
+		if err != nil {
+			return err
+		}
+		n, err := r.RowsAffected()
+		if err != nil {
+			return err
+		}
+		if n == 1 {
+			v, err := r.LastInsertId()
+			if err != nil {
+				return err
+			}
+			a.version, a.start = v, start
+			res.Entered, res.Acquired = true, true
+			return nil
+		}
+		// Not taken: the wait ran out, or the row is held or missing. Whether the
+		// session holds the line lock tells the first from the others.
+		var mine sql.NullBool
+		if err := conn.QueryRowContext(qctx, "SELECT IS_USED_LOCK("+l.b.Line.MyName(wait.MyKey(a.key))+") = CONNECTION_ID()").Scan(&mine); err != nil {
+			return err
+		}
+		res.Entered = mine.Valid && mine.Bool
+		return nil
+	})
+	return res, err
 }
 
 func (l *Locker) cachedVersion(key []byte) (int64, bool) {
@@ -387,51 +503,5 @@ func (s *Sweeper) SweepBatch(ctx context.Context, limit int) (deleted int, more 
 		}
 		return int(n), cand >= int64(limit), nil
 	}
-	keys, err := s.candidates(ctx, us, limit)
-	if err != nil || len(keys) == 0 {
-		return 0, false, err
-	}
-	in := strings.TrimSuffix(strings.Repeat("?,", len(keys)), ",")
-	args := make([]any, 0, len(keys)+1)
-	args = append(args, us)
-	for _, k := range keys {
-		args = append(args, k)
-	}
-	tx, err := s.db.BeginTx(ctx, nil)
-	if err != nil {
-		return 0, false, err
-	}
-	defer tx.Rollback()
-	if _, err := tx.ExecContext(ctx, sweepFenceMySQL+in+sweepFenceTailMySQL, args...); err != nil {
-		return 0, false, err
-	}
-	res, err := tx.ExecContext(ctx, sweepDeleteMySQL+in+")", args...)
-	if err != nil {
-		return 0, false, err
-	}
-	n, err := res.RowsAffected()
-	if err != nil {
-		return 0, false, err
-	}
-	if err := tx.Commit(); err != nil {
-		return 0, false, err
-	}
-	return int(n), len(keys) >= limit, nil
-}
-
-func (s *Sweeper) candidates(ctx context.Context, us int64, limit int) ([][]byte, error) {
-	rows, err := s.db.QueryContext(ctx, sweepSelectMySQL, us, limit)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	keys := make([][]byte, 0, min(limit, 1024))
-	for rows.Next() {
-		var k []byte
-		if err := rows.Scan(&k); err != nil {
-			return nil, err
-		}
-		keys = append(keys, k)
-	}
-	return keys, rows.Err()
+	return rowlease.StashingSweepMySQL(ctx, s.db, "sqllock_optimistic", "version", us, limit)
 }

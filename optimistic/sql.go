@@ -1,6 +1,11 @@
 package optimistic
 
-import "github.com/sqllock/sqllock/internal/rowlease"
+import (
+	"fmt"
+
+	"github.com/sqllock/sqllock/internal/rowlease"
+	"github.com/sqllock/sqllock/internal/wait"
+)
 
 // The SQL of both dialects. Every time is the database's: clock_timestamp() on
 // PostgreSQL, UTC_TIMESTAMP(6) on MySQL (constant within a statement). The client
@@ -67,26 +72,104 @@ WHERE lock_key = $1 AND version = $2 AND owner = $3 AND expires_at > clock_times
 WHERE lock_key = ? AND version = ? AND owner = ? AND expires_at > UTC_TIMESTAMP(6)`
 
 	// release gives one hold back; the last one frees the row (owner cleared,
-	// expires_at = now, the time it became free), and on PostgreSQL notifies the
-	// waiters in the same statement. On PostgreSQL it returns no row if the lease was
-	// not found, one if holds are left and two if the row was freed (the caller reads
-	// the row count of an Exec); on MySQL the insert id reports the holds left.
+	// expires_at = now, the time it became free, holds 0).
+	//
+	// On PostgreSQL it notifies the waiters of a freed row, in the same statement,
+	// only if someone waits in the key's server-side line ($4, wait.Line): waiters
+	// wait there, or hold its lock while they wait for a holder that did not come
+	// through it (NOTIFY serialises the commits of the whole database, so a release
+	// nobody waits for sends none). It returns no row if the lease was not found, one
+	// if holds are left, two if the row was freed and three if someone waits in line
+	// (the caller reads the row count of an Exec).
 	releasePostgres = `WITH u AS (
   UPDATE sqllock_optimistic SET holds = GREATEST(holds - 1, 0),
     owner = CASE WHEN holds <= 1 THEN ''::bytea ELSE owner END,
     expires_at = CASE WHEN holds <= 1 THEN clock_timestamp() ELSE expires_at END
   WHERE lock_key = $1 AND version = $2 AND owner = $3 AND ` + rowlease.AsyncRelease + `
   RETURNING lock_key, holds
+), w AS (
+  SELECT u.lock_key, u.holds, u.holds = 0 AND NOT pg_try_advisory_xact_lock_shared($4) AS in_line FROM u
 )
-SELECT CASE WHEN u.holds = 0 AND g = 1 THEN pg_notify('` + channel + `', encode(u.lock_key, 'hex')) END
-FROM u CROSS JOIN generate_series(1, CASE WHEN u.holds = 0 THEN 2 ELSE 1 END) g`
+SELECT CASE WHEN w.in_line AND g = 1 THEN pg_notify('` + channel + `', encode(w.lock_key, 'hex')) END
+FROM w CROSS JOIN generate_series(1, CASE WHEN w.in_line THEN 3 WHEN w.holds = 0 THEN 2 ELSE 1 END) g`
 	// MySQL runs the assignments left to right: owner and expires_at read the holds
-	// before the update, which comes last.
-	releaseMySQL = `UPDATE sqllock_optimistic SET
+	// before the update, which comes last. Its insert id is 2 * the holds left +
+	// whether someone holds the key's line lock (%[1]s: its name, wait.Line.MyName).
+	releaseMySQLFmt = `UPDATE sqllock_optimistic SET
   owner = IF(holds <= 1, '', owner),
   expires_at = IF(holds <= 1, UTC_TIMESTAMP(6), expires_at),
-  holds = LAST_INSERT_ID(GREATEST(holds - 1, 0))
+  holds = LAST_INSERT_ID(2 * GREATEST(holds - 1, 0) + (IS_USED_LOCK(%[1]s) IS NOT NULL)) DIV 2
 WHERE lock_key = ? AND version = ? AND owner = ?`
+
+	// releaseLinePostgres is the release of a lease that came through the line, on
+	// its turn's session (holds 1): it frees the row, notifies the waiters if another
+	// session took the line lock (a waiter in line; wait.PgRelease gives it back
+	// first), and answers in one row: rows freed, then unlocked and in_line.
+	releaseLinePostgresFmt = `WITH u AS (
+  UPDATE sqllock_optimistic SET holds = GREATEST(holds - 1, 0),
+    owner = CASE WHEN holds <= 1 THEN ''::bytea ELSE owner END,
+    expires_at = CASE WHEN holds <= 1 THEN clock_timestamp() ELSE expires_at END
+  WHERE lock_key = $1 AND version = $2 AND owner = $3 AND ` + rowlease.AsyncRelease + `
+  RETURNING lock_key
+), r AS (
+  SELECT c.n, ` + "%[1]s" + ` FROM (SELECT count(*) AS n FROM u) c
+)
+SELECT r.n, r.unlocked, r.in_line, CASE WHEN r.in_line AND r.n > 0 THEN pg_notify('` + channel + `', encode($1::bytea, 'hex')) END FROM r`
+	// releaseLineMySQL is that on MySQL (text: %[1]s key, %[2]d version, %[3]s
+	// owner, %[4]s wait.Line.MyRelease): the line lock is given back in the
+	// assignment, once the row is locked, before it commits; the insert id is 8 *
+	// the holds left + MyRelease's value, or 0 if the lease's row was not found.
+	releaseLineMySQL = `UPDATE sqllock_optimistic SET
+  owner = IF(holds <= 1, '', owner),
+  expires_at = IF(holds <= 1, UTC_TIMESTAMP(6), expires_at),
+  holds = LAST_INSERT_ID(8 * GREATEST(holds - 1, 0) + %[4]s) DIV 8
+WHERE lock_key = %[1]s AND version = %[2]d AND owner = %[3]s`
+
+	// acquireLinePostgres is an attempt on a turn's session that first enters the
+	// key's server-side line (wait.Line): q takes the line lock, waiting for it at
+	// most $7 ms, and sets the session's bound ($8 ms); the time is read once the
+	// lock is held. The statement's snapshot predates that wait, so the row is taken
+	// with INSERT ... ON CONFLICT DO UPDATE, which locks and reads the current row:
+	// free (released or expired by the database clock) means taken, with the next
+	// version. A row the reaper deleted meanwhile is inserted, with the version
+	// after the name's sqllock_fence counter as the snapshot saw it: the answer's
+	// inserted column asks the caller to check that counter again (fixVersion),
+	// which a new statement sees as it is. It answers one row: the version (NULL if
+	// the lock is held), inserted, and whether the entry had to wait. A lock
+	// timeout error (55P03) means that the wait ran out and nothing was done.
+	//
+	// $1 key, $2 name, $3 owner, $4 TTL µs, $5 host, $6 pid, $9 the line's key.
+	acquireLinePostgresFmt = `WITH q AS MATERIALIZED (
+  SELECT ` + "%[1]s" + ` AS waited, ` + "%[2]s" + ` AS bound
+), n AS MATERIALIZED (
+  SELECT clock_timestamp() AS t FROM q
+), u AS (
+  INSERT INTO sqllock_optimistic AS o (lock_key, name, version, owner, holds, acquired_at, expires_at, host, pid)
+  SELECT $1, $2, COALESCE((SELECT f.token FROM sqllock_fence f WHERE f.lock_key = $1), 0) + 1, $3, 1, n.t, n.t + $4::bigint * interval '1 microsecond', $5, $6
+  FROM n
+  ON CONFLICT (lock_key) DO UPDATE SET
+    version = GREATEST(o.version, COALESCE((SELECT f.token FROM sqllock_fence f WHERE f.lock_key = $1), 0)) + 1,
+    owner = excluded.owner, holds = 1, acquired_at = excluded.acquired_at, expires_at = excluded.expires_at,
+    host = excluded.host, pid = excluded.pid
+  WHERE o.holds = 0 OR o.expires_at <= excluded.acquired_at
+  RETURNING o.version, xmax = 0 AS inserted
+)
+SELECT u.version, COALESCE(u.inserted, false), (SELECT waited FROM q) FROM (SELECT 1) one LEFT JOIN u ON true`
+	// fixVersion raises the version of a row that acquireLinePostgres inserted past
+	// the name's sqllock_fence counter, read now. $1 key, $2 owner, $3 version.
+	fixVersionPostgres = `UPDATE sqllock_optimistic SET version = GREATEST(version, (SELECT f.token FROM sqllock_fence f WHERE f.lock_key = $1) + 1)
+WHERE lock_key = $1 AND owner = $2 AND version = $3 RETURNING version`
+	// acquireLineMySQL is that on MySQL (text: %[1]s the entry, wait.MyEnter; %[2]s
+	// key, %[3]s owner, %[4]d TTL µs, %[5]s host, %[6]d pid): the derived table q is
+	// materialised, so the line entered, before the row is read and locked (InnoDB
+	// reads the current row, whatever the statement's start). A row released (holds
+	// 0) or expired is taken with the next version, the insert id. No row changed:
+	// the wait ran out, the lock is held, or the row is missing (the caller asks).
+	acquireLineMySQL = `UPDATE sqllock_optimistic o JOIN %[1]s q SET
+  o.owner = %[3]s, o.holds = 1, o.acquired_at = UTC_TIMESTAMP(6), o.expires_at = UTC_TIMESTAMP(6) + INTERVAL %[4]d MICROSECOND,
+  o.host = %[5]s, o.pid = %[6]d,
+  o.version = LAST_INSERT_ID(GREATEST(o.version, COALESCE((SELECT f.token FROM sqllock_fence f WHERE f.lock_key = %[2]s), 0)) + 1)
+WHERE o.lock_key = %[2]s AND (o.holds = 0 OR o.expires_at <= UTC_TIMESTAMP(6))`
 
 	// forget frees the row of an acquisition whose outcome the caller never learnt
 	// and that it gave up (owners are unique per acquisition).
@@ -126,21 +209,6 @@ SELECT count(*), string_agg(pg_notify('` + channel + `', encode(lock_key, 'hex')
   RETURNING 1
 )
 SELECT (SELECT count(*) FROM c), (SELECT count(*) FROM d), (SELECT count(*) FROM f)`
-
-	// MySQL sweeps a batch in a transaction: the candidates are read without locks,
-	// their fence counters raised under the rows' locks (a locking read of the
-	// candidates, by primary key, still free), then they are deleted. ? grace µs,
-	// limit.
-	sweepSelectMySQL = `SELECT lock_key FROM sqllock_optimistic WHERE expires_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND
-ORDER BY expires_at LIMIT ?`
-	// Followed by the IN list of keys and ")". ? grace µs.
-	sweepFenceMySQL = `INSERT INTO sqllock_fence (lock_key, name, token)
-SELECT o.lock_key, o.name, o.version FROM sqllock_optimistic o FORCE INDEX (PRIMARY)
-WHERE o.version > 0 AND o.expires_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND AND o.lock_key IN (`
-	sweepFenceTailMySQL = `) FOR UPDATE
-ON DUPLICATE KEY UPDATE token = GREATEST(sqllock_fence.token, o.version)` // not VALUES(token): deprecated on MySQL (1287)
-	sweepDeleteMySQL = `DELETE o FROM sqllock_optimistic o FORCE INDEX (PRIMARY)
-WHERE o.expires_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND AND o.lock_key IN (`
 )
 
 // holder reads the row of a key if it is held (Locker.Holder): host, pid, version
@@ -154,4 +222,11 @@ FROM sqllock_optimistic WHERE lock_key = $1 AND holds > 0 AND expires_at > clock
 	holderMySQL = `SELECT host, pid, version, TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', acquired_at),
   TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at)
 FROM sqllock_optimistic WHERE lock_key = ? AND holds > 0 AND expires_at > UTC_TIMESTAMP(6)`
+)
+
+// The statements that depend on the line's SQL.
+var (
+	releaseMySQL        = fmt.Sprintf(releaseMySQLFmt, wait.MyLineName("optimistic", "?"))
+	releaseLinePostgres = fmt.Sprintf(releaseLinePostgresFmt, wait.PgRelease("$4"))
+	acquireLinePostgres = fmt.Sprintf(acquireLinePostgresFmt, wait.PgEnter("$9", "$7"), wait.PgBound("$8"))
 )

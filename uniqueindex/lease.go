@@ -3,6 +3,7 @@ package uniqueindex
 import (
 	"context"
 	"database/sql"
+	"fmt"
 	"time"
 
 	"github.com/sqllock/sqllock"
@@ -20,10 +21,13 @@ type Lease struct {
 	reentrant  bool
 	ttl        time.Duration // the lease's TTL, for the keeper (which may run before core is set)
 	core       *lease.Lease
+	// turn is the server-side line's turn that got the lock, or nil: its session holds
+	// the line lock until the release statement gives it back (GiveBack).
+	turn *wait.Turn
 }
 
-func (l *Locker) newLease(name string, key, owner []byte, token int64, tm lease.Timing, reentrant bool, granted time.Time, slot *wait.Slot) *Lease {
-	le := &Lease{l: l, name: name, key: key, owner: owner, token: token, reentrant: reentrant, ttl: tm.TTL}
+func (l *Locker) newLease(name string, key, owner []byte, token int64, tm lease.Timing, reentrant bool, granted time.Time, slot *wait.Slot, turn *wait.Turn) *Lease {
+	le := &Lease{l: l, name: name, key: key, owner: owner, token: token, reentrant: reentrant, ttl: tm.TTL, turn: turn}
 	le.core = l.b.StartLease(keeper{le}, tm, name, key, granted, slot)
 	le.core.Run()
 	return le
@@ -114,6 +118,7 @@ func (k keeper) GiveBack(ctx context.Context, lost bool) error {
 		n, err = le.delete(ctx)
 		return err
 	})
+	le.turn.Leave(ctx) // gives the line lock back unless the release did
 	return rowlease.Released(n, err, lost, "the lease row")
 }
 
@@ -140,24 +145,76 @@ func (le *Lease) delete(ctx context.Context) (int64, error) {
 				freed = 1
 			}
 		}
-		if freed > 0 {
-			// The last hold: the row is expired, so free already; delete it, best effort.
-			q := unholdDoneMySQL
-			if pg {
-				q = unholdDonePostgres
-			}
-			le.l.exec(ctx, q, le.key, le.owner, le.token)
+		if freed > 0 && pg {
+			// The last hold: the row is expired, so free already; delete it, best
+			// effort. (On MySQL the row stays, freed: see acquireMySQL.)
+			le.l.exec(ctx, unholdDonePostgres, le.key, le.owner, le.token)
 		}
 		return n, nil
 	}
-	// Exec, on both: the row count is the answer (on PostgreSQL the rows the
-	// notifying SELECT returns, one per deleted row), and unlike a query with a
-	// context, it starts no goroutine of database/sql's.
-	res, err := le.l.exec(ctx, le.l.b.Pick(releasePostgres, releaseMySQL), le.key, le.owner, le.token)
+	if t := le.turn; t.In() && !t.Dirty() {
+		return le.releaseInLine(ctx)
+	}
+	// Exec, on both: the answer is in the row count (PostgreSQL: one row per
+	// deleted row, two for a row that was waited for) or the insert id (MySQL:
+	// whether someone waits in the line), and unlike a query with a context, it
+	// starts no goroutine of database/sql's.
+	if pg {
+		res, err := le.l.exec(ctx, releasePostgres, le.key, le.owner, le.token)
+		if err != nil {
+			return 0, err
+		}
+		n, err := res.RowsAffected()
+		if n > 1 {
+			le.l.sawContention(le.key)
+			n = 1
+		}
+		return n, err
+	}
+	res, err := le.l.exec(ctx, releaseMySQL, le.key, le.key, le.owner, le.token)
 	if err != nil {
 		return 0, err
 	}
+	if inLine, err := res.LastInsertId(); err == nil && inLine == 1 {
+		le.l.sawContention(le.key)
+	}
 	return res.RowsAffected()
+}
+
+// releaseInLine is the release on the session of the line's turn that got the lock:
+// the same statement, which also gives the line lock back once the row is locked.
+// A session that fails here is discarded (Leave), which frees the line lock too.
+func (le *Lease) releaseInLine(ctx context.Context) (int64, error) {
+	t := le.turn
+	var n int64
+	err := t.Run(ctx, "uniqueindex release", func(qctx context.Context, conn *sql.Conn) error {
+		if le.l.b.Dialect == sqllock.Postgres {
+			var notified sql.NullString
+			var unlocked, inLine bool
+			var reset string
+			err := conn.QueryRowContext(qctx, releaseLinePostgres, le.key, le.owner, le.token, le.l.b.Line.PgKey(le.key)).
+				Scan(&n, &notified, &unlocked, &inLine, &reset)
+			if err == nil {
+				t.Released(unlocked, inLine)
+			}
+			return err
+		}
+		q := fmt.Sprintf(releaseLineMySQL, wait.MyKey(le.key), wait.MyKey(le.owner), le.token, le.l.b.Line.MyRelease(wait.MyKey(le.key)))
+		res, err := conn.ExecContext(qctx, q)
+		if err != nil {
+			return err
+		}
+		v, err := res.LastInsertId()
+		if err != nil {
+			return err
+		}
+		if unlocked, inLine, ok := wait.MyReleased(v); ok {
+			n = 1
+			t.Released(unlocked, inLine)
+		}
+		return nil
+	})
+	return n, err
 }
 
 // observed returns the lease's core and token, for the lease core's telemetry.

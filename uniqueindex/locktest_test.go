@@ -40,11 +40,13 @@ func newLocker(t testing.TB, db *sql.DB, d sqllock.Dialect, opts ...Option) *Loc
 	return l
 }
 
-// deleteRow deletes the lease row of name from outside, by primary key (a DELETE by
-// name would scan, and on MySQL lock, the whole table, which other tests share).
+// deleteRow takes the lease row of name away from outside, by primary key (a
+// DELETE by name would scan, and on MySQL lock, the whole table, which other tests
+// share), as sqllock force-release -now does: on PostgreSQL it deletes the row, on
+// MySQL, where the row carries the name's last token, it frees it in place.
 func deleteRow(t testing.TB, admin *sql.DB, d sqllock.Dialect, name string) {
 	t.Helper()
-	q := "DELETE FROM sqllock_lease WHERE lock_key = ?"
+	q := revokeMySQL
 	if d == sqllock.Postgres {
 		q = "DELETE FROM sqllock_lease WHERE lock_key = $1"
 	}

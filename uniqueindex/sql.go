@@ -1,6 +1,11 @@
 package uniqueindex
 
-import "github.com/sqllock/sqllock/internal/rowlease"
+import (
+	"fmt"
+
+	"github.com/sqllock/sqllock/internal/rowlease"
+	"github.com/sqllock/sqllock/internal/wait"
+)
 
 // SQL of both dialects. Every time is the database's: clock_timestamp() on PostgreSQL
 // (not now(), which is the start of the transaction), UTC_TIMESTAMP(6) on MySQL. The
@@ -11,95 +16,51 @@ import "github.com/sqllock/sqllock/internal/rowlease"
 const channel = "sqllock_lease"
 
 const (
-	// acquirePostgres is one attempt in one statement. The CTE f increments the
-	// fencing counter of the name in sqllock_fence and keeps that row locked until the
-	// statement commits, so attempts on one name are serialised and the token order is
-	// the commit order. The lease row is inserted, or taken over if it has expired by
-	// the database clock, or re-entered ($5) by the same owner. A failed attempt
-	// returns the holder's remaining time in microseconds (a hint for the waiter).
-	// clock_timestamp() is read once (n.t, excluded.acquired_at): every branch compares
-	// the row's expiry with that one instant, so an attempt exactly at expiry cannot
-	// mix the takeover and reentry branches. A live row of the same owner is this
-	// acquisition's own (owners are unique per acquisition, or the reentrant key): a
-	// reentrant acquisition ($5) adds a hold, a retry after a lost reply adopts it.
-	// An attempt of an Acquire ($8) that finds the lease held by another owner marks
-	// it waited for, in the same ON CONFLICT update (which sees the latest row, not
-	// the statement's snapshot: a holder that released and re-acquired meanwhile has
-	// a new row, and that is the one to mark), changing nothing else, so that its
-	// release notifies; the update is skipped if the row is marked already, and a
-	// takeover clears the mark. The mark is written under the row lock the release's
-	// DELETE takes too: a release either sees it or comes first, and then the attempt
-	// finds no row to wait for. granted tells a grant from a mark.
+	// acquireMySQL is one attempt on MySQL, in one statement (%[1]s: nothing, or
+	// the line's entry, see acquireLineMySQL). On MySQL a lease row is never deleted
+	// while its name is in use: a release frees it in place (holds 0, owner empty,
+	// expired), so its token is the last one granted for the name and a takeover
+	// continues from it. A name without a row (first use, or swept by the reaper,
+	// which first raises the name's sqllock_fence counter to the row's token)
+	// continues from its sqllock_fence counter, read with a locking read (the latest
+	// committed value, whatever the isolation level; a sweep that moves a token there
+	// and deletes the row is waited for). So tokens increase across releases,
+	// takeovers, sweeps and restarts without a second statement. The row is inserted,
+	// or taken over if it has expired by the database clock (a released row has), or
+	// re-entered by the same owner.
 	//
-	// $1 key, $2 name, $3 owner, $4 TTL µs, $5 reentrant, $6 host, $7 pid, $8 will wait.
-	acquirePostgres = `WITH f AS (
-  INSERT INTO sqllock_fence AS f (lock_key, name, token) VALUES ($1, $2, 1)
-  ON CONFLICT (lock_key) DO UPDATE SET token = f.token + 1
-  RETURNING token
-), ins AS (
-  INSERT INTO sqllock_lease AS l (lock_key, name, owner, holds, token, acquired_at, expires_at, host, pid)
-  SELECT $1, $2, $3, 1, f.token, n.t, n.t + $4::bigint * interval '1 microsecond', $6, $7
-    FROM f, (SELECT clock_timestamp() AS t) n
-  ON CONFLICT (lock_key) DO UPDATE SET
-    holds       = CASE WHEN l.expires_at <= excluded.acquired_at THEN 1 WHEN l.owner <> excluded.owner THEN l.holds
-                       WHEN $5::boolean THEN l.holds + 1 ELSE l.holds END,
-    token       = CASE WHEN l.expires_at <= excluded.acquired_at THEN excluded.token ELSE l.token END,
-    acquired_at = CASE WHEN l.expires_at <= excluded.acquired_at THEN excluded.acquired_at ELSE l.acquired_at END,
-    owner       = CASE WHEN l.expires_at <= excluded.acquired_at OR l.owner = excluded.owner THEN excluded.owner ELSE l.owner END,
-    host        = CASE WHEN l.expires_at <= excluded.acquired_at OR l.owner = excluded.owner THEN excluded.host ELSE l.host END,
-    pid         = CASE WHEN l.expires_at <= excluded.acquired_at OR l.owner = excluded.owner THEN excluded.pid ELSE l.pid END,
-    expires_at  = CASE WHEN l.expires_at <= excluded.acquired_at OR l.owner = excluded.owner
-                       THEN GREATEST(l.expires_at, excluded.expires_at) ELSE l.expires_at END,
-    waiters     = CASE WHEN l.expires_at <= excluded.acquired_at THEN false WHEN l.owner = excluded.owner THEN l.waiters ELSE true END
-  WHERE l.expires_at <= excluded.acquired_at OR l.owner = excluded.owner OR ($8::boolean AND NOT l.waiters)
-  RETURNING l.token, l.holds, l.owner = $3 AS granted, l.expires_at
-)
-SELECT token, holds, 0::bigint FROM ins WHERE granted
-UNION ALL
-SELECT 0, 0, GREATEST(0, floor(extract(epoch FROM (expires_at - clock_timestamp())) * 1000000))::bigint FROM ins WHERE NOT granted
-UNION ALL
-SELECT 0, 0, GREATEST(0, floor(extract(epoch FROM (expires_at - clock_timestamp())) * 1000000))::bigint
-  FROM sqllock_lease WHERE lock_key = $1 AND NOT EXISTS (SELECT 1 FROM ins)`
-
-	// acquireMySQL is the second statement of an attempt, after fence.Next returned
-	// token T. It inserts (or takes over an expired row, or re-enters) only if the
-	// fencing counter is still T, read with a locking read (the latest committed value,
-	// whatever the isolation level) that keeps the counter row locked until the
-	// statement commits: an attempt that was overtaken by a later increment inserts
-	// nothing and retries, so tokens cannot go backwards. In ON DUPLICATE KEY UPDATE
-	// the assignments run left to right and see the new values of earlier columns, so
-	// holds is computed first and expires_at, which the condition reads, last.
-	// UTC_TIMESTAMP(6) is constant within a statement.
+	// A row is free when it was released (holds 0) or has expired by the database
+	// clock (freeMySQL). UTC_TIMESTAMP(6) is constant within a statement, the time it
+	// started: a row released while the statement waited (in the line, or for the
+	// releasing statement's row lock) is free by its holds, not by its time. In ON
+	// DUPLICATE KEY UPDATE the assignments run left to right and see the new values of
+	// earlier columns, so holds and expires_at, which the conditions read, come last
+	// (expires_at's own condition holds for a takeover by the new owner).
 	//
 	// The outcome is read from the insert id, never from the affected-rows count (which
-	// depends on the client's clientFoundRows flag: with it, an ON DUPLICATE KEY UPDATE
-	// that changes nothing reports 1 row, like an insert). The update branch always
-	// evaluates LAST_INSERT_ID(2*token + granted), which the OK packet carries
-	// (token is assigned that value DIV 2, its own value): odd means taken over or
-	// re-entered, with the row's token; even means held by another owner. A plain
-	// insert (the table has no AUTO_INCREMENT column) reports insert id 0 and one
-	// row; an attempt overtaken by a later increment reports 0 and no row.
+	// depends on the client's clientFoundRows flag): both branches set it with
+	// LAST_INSERT_ID(2*token + granted), so odd means granted (inserted, taken over
+	// or re-entered) with token id/2, even means held by another owner, and 0 that
+	// nothing ran (the line's wait ran out). A live row of the same owner is this
+	// acquisition's own: a reentrant acquisition adds a hold, a retry after a lost
+	// reply adopts it.
 	//
-	// A live row of the same owner is this acquisition's own: a reentrant acquisition
-	// adds a hold, a retry after a lost reply adopts it.
+	// The update clause names the new values with parameters, not VALUES(col), which
+	// MySQL 8.0.20+ deprecates (1287) and MariaDB's alias form would not parse.
 	//
-	// The update clause names the new values with parameters and the fence row's
-	// column (f.token), not VALUES(col), which MySQL 8.0.20+ deprecates (1287) and
-	// MariaDB's alias form would not parse.
-	//
-	// ? owner, TTL µs, host, pid, key, T, then in the update clause: reentrant, owner,
-	// owner, host, pid, owner, owner, TTL µs.
-	acquireMySQL = `INSERT INTO sqllock_lease (lock_key, name, owner, holds, token, acquired_at, expires_at, host, pid)
-SELECT f.lock_key, f.name, ?, 1, f.token, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, ?, ?
-  FROM sqllock_fence f WHERE f.lock_key = ? AND f.token = ? FOR UPDATE
+	// ? key, name, owner, key, TTL µs, host, pid, then in the update clause:
+	// owner, host, pid, owner, reentrant, owner, owner, TTL µs.
+	acquireMySQLFmt = `INSERT INTO sqllock_lease (lock_key, name, owner, holds, token, acquired_at, expires_at, host, pid)
+SELECT ?, ?, ?, 1, LAST_INSERT_ID(2 * (COALESCE((SELECT f.token FROM sqllock_fence f WHERE f.lock_key = ? LOCK IN SHARE MODE), 0) + 1) + 1) DIV 2,
+  UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, ?, ?%[1]s
 ON DUPLICATE KEY UPDATE
-  sqllock_lease.holds       = IF(sqllock_lease.expires_at <= UTC_TIMESTAMP(6), 1, IF(? AND sqllock_lease.owner = ?, sqllock_lease.holds + 1, sqllock_lease.holds)),
-  sqllock_lease.token       = LAST_INSERT_ID(2 * IF(sqllock_lease.expires_at <= UTC_TIMESTAMP(6), f.token, sqllock_lease.token)
-                                + IF(sqllock_lease.expires_at <= UTC_TIMESTAMP(6) OR sqllock_lease.owner = ?, 1, 0)) DIV 2,
-  sqllock_lease.acquired_at = IF(sqllock_lease.expires_at <= UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), sqllock_lease.acquired_at),
-  sqllock_lease.host        = IF(sqllock_lease.expires_at <= UTC_TIMESTAMP(6), ?, sqllock_lease.host),
-  sqllock_lease.pid         = IF(sqllock_lease.expires_at <= UTC_TIMESTAMP(6), ?, sqllock_lease.pid),
-  sqllock_lease.owner       = IF(sqllock_lease.expires_at <= UTC_TIMESTAMP(6), ?, sqllock_lease.owner),
+  sqllock_lease.token       = LAST_INSERT_ID(2 * IF(%[2]s, sqllock_lease.token + 1, sqllock_lease.token)
+                                + IF(%[2]s OR sqllock_lease.owner = ?, 1, 0)) DIV 2,
+  sqllock_lease.acquired_at = IF(%[2]s, UTC_TIMESTAMP(6), sqllock_lease.acquired_at),
+  sqllock_lease.host        = IF(%[2]s, ?, sqllock_lease.host),
+  sqllock_lease.pid         = IF(%[2]s, ?, sqllock_lease.pid),
+  sqllock_lease.owner       = IF(%[2]s, ?, sqllock_lease.owner),
+  sqllock_lease.holds       = IF(%[2]s, 1, IF(? AND sqllock_lease.owner = ?, sqllock_lease.holds + 1, sqllock_lease.holds)),
   sqllock_lease.expires_at  = IF(sqllock_lease.expires_at <= UTC_TIMESTAMP(6) OR sqllock_lease.owner = ?,
                    GREATEST(sqllock_lease.expires_at, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND), sqllock_lease.expires_at)`
 
@@ -113,19 +74,40 @@ WHERE lock_key = $1 AND owner = $2 AND token = $3 AND expires_at > clock_timesta
 	renewMySQL = `UPDATE sqllock_lease SET expires_at = GREATEST(expires_at + INTERVAL 1 MICROSECOND, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)
 WHERE lock_key = ? AND owner = ? AND token = ? AND expires_at > UTC_TIMESTAMP(6)`
 
-	// release deletes the row of the last hold; on PostgreSQL it notifies waiters in
-	// the same statement (delivered at commit), if an Acquire marked the row waited
-	// for. One row per deleted row.
+	// release frees the lease of the last hold. On PostgreSQL it deletes the row and
+	// notifies waiters in the same statement (delivered at commit) if an Acquire
+	// marked the row waited for; it returns one row per deleted row, and a second
+	// one for a row that was waited for. On MySQL it frees the row in place (see
+	// acquireMySQL) and its insert id tells whether the line lock of the key (%[1]s:
+	// its name, wait.Line.MyName) is held by someone (1): someone waits in line.
 	releasePostgres = `WITH d AS (DELETE FROM sqllock_lease WHERE lock_key = $1 AND owner = $2 AND token = $3 AND holds <= 1
   AND ` + rowlease.AsyncRelease + ` RETURNING lock_key, waiters)
-SELECT CASE WHEN waiters THEN pg_notify('` + channel + `', encode(lock_key, 'hex'))::text END FROM d`
-	releaseMySQL = `DELETE FROM sqllock_lease WHERE lock_key = ? AND owner = ? AND token = ? AND holds <= 1`
+SELECT CASE WHEN waiters AND g = 1 THEN pg_notify('` + channel + `', encode(lock_key, 'hex'))::text END
+FROM d CROSS JOIN generate_series(1, CASE WHEN waiters THEN 2 ELSE 1 END) g`
+	// ? key (the line's), key, owner, token.
+	releaseMySQLFmt = `UPDATE sqllock_lease SET holds = 0 * LAST_INSERT_ID(IS_USED_LOCK(%[1]s) IS NOT NULL), owner = '',
+  expires_at = LEAST(expires_at, UTC_TIMESTAMP(6))
+WHERE lock_key = ? AND owner = ? AND token = ? AND holds <= 1`
+
+	// releaseLineMySQL is the release on a turn's session (text: %[1]s key, %[2]s
+	// owner, %[3]d token, %[4]s wait.Line.MyRelease): the line lock is given back in
+	// the assignment, so once the row is locked, before it commits (the next waiter's
+	// attempt waits for that commit); the insert id is MyRelease's value, or 0 if the
+	// lease's row was not found (its line lock is then still held).
+	releaseLineMySQL = `UPDATE sqllock_lease SET holds = 0 * LAST_INSERT_ID(%[4]s), owner = '',
+  expires_at = LEAST(expires_at, UTC_TIMESTAMP(6))
+WHERE lock_key = %[1]s AND owner = %[2]s AND token = %[3]d AND holds <= 1`
 
 	// forget deletes the row of an acquisition whose outcome the caller never learnt
 	// and that it gave up (owners are unique per acquisition).
 	forgetPostgres = `WITH d AS (DELETE FROM sqllock_lease WHERE lock_key = $1 AND owner = $2 AND ` + rowlease.AsyncRelease + ` RETURNING lock_key)
 SELECT count(*), string_agg(pg_notify('` + channel + `', encode(lock_key, 'hex'))::text, '') FROM d`
-	forgetMySQL = `DELETE FROM sqllock_lease WHERE lock_key = ? AND owner = ?`
+	// On MySQL the row is freed in place (see acquireMySQL).
+	forgetMySQL = `UPDATE sqllock_lease SET holds = 0, owner = '', expires_at = LEAST(expires_at, UTC_TIMESTAMP(6))
+WHERE lock_key = ? AND owner = ?`
+	// revokeMySQL frees a lease row from outside (tests; sqllock force-release -now
+	// does the same).
+	revokeMySQL = `UPDATE sqllock_lease SET holds = 0, owner = '', expires_at = LEAST(expires_at, UTC_TIMESTAMP(6)) WHERE lock_key = ?`
 	// forgetProbeMySQL looks for that row without locking it (see Locker.forget).
 	forgetProbeMySQL = `SELECT 1 FROM sqllock_lease WHERE lock_key = ? AND owner = ?`
 
@@ -134,11 +116,12 @@ SELECT count(*), string_agg(pg_notify('` + channel + `', encode(lock_key, 'hex')
 	// never between two statements (an UPDATE that waits for a concurrent one re-reads
 	// the row). The last hold (holds = 1; holds > 0 is a CHECK on PostgreSQL) is given
 	// back by making the row expired: it is then free for the next acquirer, whose
-	// takeover starts a new token, and unholdDone deletes it, best effort (the reaper
-	// otherwise). PostgreSQL returns rows, rows freed, and notifies the waiters of a
-	// freed row that was waited for; MySQL returns the hold count before the update as the insert id
+	// takeover starts a new token; on PostgreSQL unholdDone deletes it, best effort
+	// (the reaper otherwise), on MySQL it stays, freed (see acquireMySQL). PostgreSQL
+	// returns rows, rows freed, and notifies the waiters of a freed row that was
+	// waited for; MySQL returns the hold count before the update as the insert id
 	// (LAST_INSERT_ID(holds)), and its assignments run left to right, so expires_at
-	// reads the count before holds is updated.
+	// and owner read the count before holds is updated.
 	unholdPostgres = `WITH u AS (
   UPDATE sqllock_lease SET holds = GREATEST(holds - 1, 1),
     expires_at = CASE WHEN holds <= 1 THEN LEAST(expires_at, clock_timestamp() - interval '1 second') ELSE expires_at END
@@ -149,10 +132,10 @@ SELECT count(*), count(*) FILTER (WHERE freed),
   string_agg(CASE WHEN freed AND waiters THEN pg_notify('` + channel + `', encode(lock_key, 'hex'))::text END, '') FROM u`
 	unholdMySQL = `UPDATE sqllock_lease SET
   expires_at = IF(holds <= 1, LEAST(expires_at, UTC_TIMESTAMP(6) - INTERVAL 1 SECOND), expires_at),
-  holds = GREATEST(LAST_INSERT_ID(holds) - 1, 1)
+  owner = IF(holds <= 1, '', owner),
+  holds = GREATEST(LAST_INSERT_ID(holds) - 1, 0)
 WHERE lock_key = ? AND owner = ? AND token = ?`
 	unholdDonePostgres = `DELETE FROM sqllock_lease WHERE lock_key = $1 AND owner = $2 AND token = $3 AND expires_at <= clock_timestamp()`
-	unholdDoneMySQL    = `DELETE FROM sqllock_lease WHERE lock_key = ? AND owner = ? AND token = ? AND expires_at <= UTC_TIMESTAMP(6)`
 
 	// check is the fencing check, run in the caller's transaction: the row must still
 	// be this lease's and unexpired, and a share lock keeps it so (no renewal, release
@@ -178,29 +161,6 @@ WHERE lock_key = ? AND owner = ? AND token = ?`
   RETURNING 1
 )
 SELECT (SELECT count(*) FROM c), (SELECT count(*) FROM d)`
-
-	// MySQL sweeps in two statements, so that a batch locks only the rows it deletes,
-	// by primary key. A locking range scan of the expires_at index (DELETE ... WHERE
-	// expires_at < ? ORDER BY expires_at LIMIT n) takes next-key locks on the index
-	// range and on the first entry past it, or, when the optimizer prefers a table
-	// scan, locks every row it reads, live leases included; it then deadlocks with
-	// Release, renewals and takeovers (error 1213, seen in CI).
-	//
-	// sweepSelectMySQL picks the candidates with a plain consistent read: no locks.
-	// ? grace µs, limit.
-	sweepSelectMySQL = `SELECT lock_key FROM sqllock_lease WHERE expires_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND
-ORDER BY expires_at LIMIT ?`
-	// sweepDeleteMySQL (followed by the IN list of candidate keys, see
-	// Sweeper.SweepBatch) deletes those candidates that are still expired when their
-	// row lock is taken: a row taken over since the SELECT is kept. FORCE INDEX
-	// (PRIMARY), in the multi-table form of DELETE that accepts it, makes the primary
-	// key the only access path, whatever the statistics say (on a small table the
-	// optimizer otherwise prefers a full scan, which at REPEATABLE READ locks every row
-	// it reads, live ones included): rows are locked one by one in key order, so
-	// concurrent reapers cannot deadlock with each other, and no index range of
-	// expires_at is locked. ? grace µs, then the keys.
-	sweepDeleteMySQL = `DELETE l FROM sqllock_lease l FORCE INDEX (PRIMARY)
-WHERE l.expires_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND AND l.lock_key IN (`
 )
 
 // holder reads the live lease row of a key (Locker.Holder): host, pid, token, the
@@ -214,3 +174,85 @@ FROM sqllock_lease WHERE lock_key = $1 AND expires_at > clock_timestamp()`
   TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at)
 FROM sqllock_lease WHERE lock_key = ? AND expires_at > UTC_TIMESTAMP(6)`
 )
+
+// acquirePostgres is one attempt (see acquirePg); acquireLinePostgres is the same on
+// a turn's session that first enters the server-side line (wait.Line): the CTE q
+// takes the line lock, waiting for it at most $9 ms, and sets the session's bound
+// ($10 ms); the fence increment reads q, so everything else runs once the line lock
+// is held. The statement's snapshot predates that wait, but nothing decides on it:
+// ON CONFLICT locks and reads the current row (and a row deleted meanwhile is no
+// conflict); only the waiter's hint reads the snapshot. A fourth column says whether
+// the entry had to wait. A lock timeout error (55P03) means that the wait ran out
+// and nothing was done. $11 is the line's key.
+var (
+	// releaseLinePostgres is releasePostgres on a turn's session, which also gives the
+	// line lock ($4) back (wait.PgRelease) once the row is deleted: one row, the rows
+	// deleted, the notification, then unlocked and in_line.
+	releaseLinePostgres = `WITH d AS (DELETE FROM sqllock_lease WHERE lock_key = $1 AND owner = $2 AND token = $3 AND holds <= 1
+  AND ` + rowlease.AsyncRelease + ` RETURNING lock_key, waiters)
+SELECT c.n, c.notified, ` + wait.PgRelease("$4") + `
+FROM (SELECT count(*) AS n, string_agg(CASE WHEN waiters THEN pg_notify('` + channel + `', encode(lock_key, 'hex'))::text END, '') AS notified FROM d) c`
+	acquireMySQL        = fmt.Sprintf(acquireMySQLFmt, "", freeMySQL)
+	releaseMySQL        = fmt.Sprintf(releaseMySQLFmt, wait.MyLineName("uniqueindex", "?"))
+	acquirePostgres     = acquirePg("", "VALUES ($1, $2, 1)", "")
+	acquireLinePostgres = acquirePg("q AS MATERIALIZED (SELECT "+wait.PgEnter("$11", "$9")+" AS waited, "+wait.PgBound("$10")+" AS bound), ",
+		"SELECT $1, $2, 1 FROM q", ", (SELECT waited FROM q)")
+)
+
+// freeMySQL is the condition of acquireMySQL under which the row is free.
+const freeMySQL = "(sqllock_lease.holds = 0 OR sqllock_lease.expires_at <= UTC_TIMESTAMP(6))"
+
+// acquirePg builds the PostgreSQL attempt: one statement. The CTE f increments the
+// fencing counter of the name in sqllock_fence and keeps that row locked until the
+// statement commits, so attempts on one name are serialised and the token order is
+// the commit order. The lease row is inserted, or taken over if it has expired by
+// the database clock, or re-entered ($5) by the same owner. A failed attempt
+// returns the holder's remaining time in microseconds (a hint for the waiter).
+// clock_timestamp() is read once (n.t, excluded.acquired_at): every branch compares
+// the row's expiry with that one instant, so an attempt exactly at expiry cannot
+// mix the takeover and reentry branches. A live row of the same owner is this
+// acquisition's own (owners are unique per acquisition, or the reentrant key): a
+// reentrant acquisition ($5) adds a hold, a retry after a lost reply adopts it.
+// An attempt of an Acquire ($8) that finds the lease held by another owner marks
+// it waited for, in the same ON CONFLICT update (which sees the latest row, not
+// the statement's snapshot: a holder that released and re-acquired meanwhile has
+// a new row, and that is the one to mark), changing nothing else, so that its
+// release notifies; the update is skipped if the row is marked already, and a
+// takeover clears the mark. The mark is written under the row lock the release's
+// DELETE takes too: a release either sees it or comes first, and then the attempt
+// finds no row to wait for. granted tells a grant from a mark.
+//
+// head is prepended to the WITH list, fence is the row source of the counter's
+// insert, extra is appended to the answer's columns.
+//
+// $1 key, $2 name, $3 owner, $4 TTL µs, $5 reentrant, $6 host, $7 pid, $8 will wait.
+func acquirePg(head, fence, extra string) string {
+	return fmt.Sprintf(`WITH %[1]sf AS (
+  INSERT INTO sqllock_fence AS f (lock_key, name, token) %[2]s
+  ON CONFLICT (lock_key) DO UPDATE SET token = f.token + 1
+  RETURNING token
+), ins AS (
+  INSERT INTO sqllock_lease AS l (lock_key, name, owner, holds, token, acquired_at, expires_at, host, pid)
+  SELECT $1, $2, $3, 1, f.token, n.t, n.t + $4::bigint * interval '1 microsecond', $6, $7
+    FROM f, LATERAL (SELECT clock_timestamp() AS t, f.token AS ft) n
+  ON CONFLICT (lock_key) DO UPDATE SET
+    holds       = CASE WHEN l.expires_at <= excluded.acquired_at THEN 1 WHEN l.owner <> excluded.owner THEN l.holds
+                       WHEN $5::boolean THEN l.holds + 1 ELSE l.holds END,
+    token       = CASE WHEN l.expires_at <= excluded.acquired_at THEN excluded.token ELSE l.token END,
+    acquired_at = CASE WHEN l.expires_at <= excluded.acquired_at THEN excluded.acquired_at ELSE l.acquired_at END,
+    owner       = CASE WHEN l.expires_at <= excluded.acquired_at OR l.owner = excluded.owner THEN excluded.owner ELSE l.owner END,
+    host        = CASE WHEN l.expires_at <= excluded.acquired_at OR l.owner = excluded.owner THEN excluded.host ELSE l.host END,
+    pid         = CASE WHEN l.expires_at <= excluded.acquired_at OR l.owner = excluded.owner THEN excluded.pid ELSE l.pid END,
+    expires_at  = CASE WHEN l.expires_at <= excluded.acquired_at OR l.owner = excluded.owner
+                       THEN GREATEST(l.expires_at, excluded.expires_at) ELSE l.expires_at END,
+    waiters     = CASE WHEN l.expires_at <= excluded.acquired_at THEN false WHEN l.owner = excluded.owner THEN l.waiters ELSE true END
+  WHERE l.expires_at <= excluded.acquired_at OR l.owner = excluded.owner OR ($8::boolean AND NOT l.waiters)
+  RETURNING l.token, l.holds, l.owner = $3 AS granted, l.expires_at
+)
+SELECT token, holds, 0::bigint%[3]s FROM ins WHERE granted
+UNION ALL
+SELECT 0, 0, GREATEST(0, floor(extract(epoch FROM (expires_at - clock_timestamp())) * 1000000))::bigint%[3]s FROM ins WHERE NOT granted
+UNION ALL
+SELECT 0, 0, GREATEST(0, floor(extract(epoch FROM (expires_at - clock_timestamp())) * 1000000))::bigint%[3]s
+  FROM sqllock_lease WHERE lock_key = $1 AND NOT EXISTS (SELECT 1 FROM ins)`, head, fence, extra)
+}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/sqllock/sqllock"
 	"github.com/sqllock/sqllock/internal/namekey"
+	"github.com/sqllock/sqllock/internal/rowlease"
 	"github.com/sqllock/sqllock/testdb"
 )
 
@@ -134,7 +135,8 @@ func TestSweepLocksOnlyItsRows(t *testing.T) {
 func explainDeletePrimary(t *testing.T, db *sql.DB, names []string) {
 	t.Helper()
 	for _, k := range []int{1, len(names)} {
-		q := "EXPLAIN " + sweepDeleteMySQL + strings.TrimSuffix(strings.Repeat("?,", k), ",") + ")"
+		_, del := rowlease.SweepStatementsMySQL("sqllock_lease", "token", k)
+		q := "EXPLAIN " + del
 		args := []any{int64(0)}
 		for _, n := range names[:k] {
 			args = append(args, namekey.Key(n))

@@ -94,6 +94,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"strings"
 	"time"
 
@@ -101,7 +102,9 @@ import (
 	"github.com/sqllock/sqllock/internal/fence"
 	"github.com/sqllock/sqllock/internal/lease"
 	"github.com/sqllock/sqllock/internal/namekey"
+	"github.com/sqllock/sqllock/internal/pin"
 	"github.com/sqllock/sqllock/internal/rowlease"
+	"github.com/sqllock/sqllock/internal/sqlerr"
 	"github.com/sqllock/sqllock/internal/wait"
 )
 
@@ -191,7 +194,9 @@ func New(db *sql.DB, d sqllock.Dialect, opts ...Option) (*Locker, error) {
 	if err := lease.New("uniqueindex", db, d, &cfg, &cfg.Config, opts); err != nil {
 		return nil, err
 	}
-	return &Locker{b: rowlease.New("uniqueindex", db, d, cfg, channel)}, nil
+	b := rowlease.New("uniqueindex", db, d, cfg, channel)
+	b.EnableLine()
+	return &Locker{b: b}, nil
 }
 
 // Close stops the shared PostgreSQL listener and wakes the waiters, which go on by
@@ -208,6 +213,15 @@ func (l *Locker) Close() error {
 // is not a holder). See sqllock.HolderInspector and sqllock.Leader.
 func (l *Locker) Holder(ctx context.Context, name string) (sqllock.Holder, error) {
 	return l.b.Holder(ctx, name, l.b.Pick(holderPostgres, holderMySQL))
+}
+
+// sawContention records that a release found someone waiting for key: the Locker's
+// next acquisition of it waits in the server-side line at once instead of taking the
+// lock from under the waiters.
+func (l *Locker) sawContention(key []byte) {
+	if l.b.Line != nil {
+		l.b.Line.Saw(string(key))
+	}
 }
 
 // exec runs query through the Locker's statement cache (prepared once per Locker on
@@ -240,6 +254,8 @@ func (l *Locker) TryAcquire(ctx context.Context, name string, opts ...sqllock.Ac
 
 type attemptResult struct {
 	ok        bool
+	entered   bool // the statement entered the server-side line
+	waited    bool // and waited there
 	token     int64
 	remaining time.Duration // holder's remaining lease, 0 if unknown
 	start     time.Time     // when the statement that set the expiry was sent
@@ -260,19 +276,19 @@ func (l *Locker) acquireLease(ctx context.Context, op, name string, opts []sqllo
 	owner := l.b.Owner('L', ac.Owner)
 	key := namekey.Key(name)
 	var res attemptResult
-	slot, uncertain, kind, err := wait.Loop{
+	slot, turn, uncertain, kind, err := wait.Loop{
 		Hub: l.b.Hub, Key: string(key), Block: block, Queue: !reentrant, Poll: l.b.Cfg.Poll, Log: l.b.Cfg.Logger,
 		OnTransient: func(err error) { l.transient(op, err) },
 		Attempt: func(ctx context.Context) (wait.Result, error) {
 			var err error
-			res, err = l.attempt(ctx, key, name, owner, tm.TTL, reentrant, block)
-			if err == nil && res.ok {
-				res.start, res.ok, err = l.b.Fresh(ctx, res.start, tm.TTL, func(ctx context.Context) (bool, error) {
-					n, err := l.b.Changed(ctx, nil, l.b.Pick(renewPostgres, renewMySQL), renewArgs(l.b.Dialect, key, owner, res.token, tm.TTL)...)
-					return n > 0, err
-				})
-			}
-			return wait.Result{Acquired: err == nil && res.ok, HolderLeft: res.remaining}, err
+			res, err = l.attempt(ctx, nil, false, key, name, owner, tm.TTL, reentrant, block)
+			return l.fresh(ctx, &res, key, owner, tm.TTL, err)
+		},
+		Line: l.b.Line,
+		InLine: func(ctx context.Context, t *wait.Turn, enter bool) (wait.Result, error) {
+			var err error
+			res, err = l.attempt(ctx, t, enter, key, name, owner, tm.TTL, reentrant, block)
+			return l.fresh(ctx, &res, key, owner, tm.TTL, err)
 		},
 	}.Run(ctx)
 	if err != nil {
@@ -281,60 +297,124 @@ func (l *Locker) acquireLease(ctx context.Context, op, name string, opts []sqllo
 		}
 		return nil, l.b.Errorf(op, name, kind, err)
 	}
-	le := l.newLease(name, key, owner, res.token, tm, reentrant, res.start, slot)
+	le := l.newLease(name, key, owner, res.token, tm, reentrant, res.start, slot, turn)
 	if err := lease.Granted(ctx, le.core.Label(), op, le.Release); err != nil {
 		return nil, err
 	}
 	return le, nil
 }
 
-// attempt makes one attempt.
-func (l *Locker) attempt(ctx context.Context, key []byte, name string, owner []byte, ttl time.Duration, reentrant, block bool) (attemptResult, error) {
+// fresh turns an attempt's outcome into the loop's, renewing a grant at once if its
+// statement took long (rowlease.Fresh).
+func (l *Locker) fresh(ctx context.Context, res *attemptResult, key, owner []byte, ttl time.Duration, err error) (wait.Result, error) {
+	if err == nil && res.ok {
+		res.start, res.ok, err = l.b.Fresh(ctx, res.start, ttl, func(ctx context.Context) (bool, error) {
+			n, err := l.b.Changed(ctx, nil, l.b.Pick(renewPostgres, renewMySQL), renewArgs(l.b.Dialect, key, owner, res.token, ttl)...)
+			return n > 0, err
+		})
+	}
+	return wait.Result{Acquired: err == nil && res.ok, HolderLeft: res.remaining, Entered: res.entered, Waited: res.waited}, err
+}
+
+// attempt makes one attempt: on the pool (t nil), or on turn t's session, entering
+// the server-side line first if enter is set.
+func (l *Locker) attempt(ctx context.Context, t *wait.Turn, enter bool, key []byte, name string, owner []byte, ttl time.Duration, reentrant, block bool) (attemptResult, error) {
 	actx, cancel := l.b.AttemptContext(ctx)
 	defer cancel()
+	if enter {
+		// The entry waits in the server for its turn, up to the line's wait, and the
+		// attempt after it is bounded as usual.
+		actx, cancel = context.WithTimeout(context.WithoutCancel(ctx), l.b.Line.Wait(ctx)+l.b.Cfg.Attempt)
+		defer cancel()
+	}
 	us := ttl.Microseconds()
 	if l.b.Dialect == sqllock.Postgres {
 		var tok, holds, rem int64
+		var waited sql.NullBool
 		var res attemptResult
-		err := l.b.OnConn(actx, "uniqueindex attempt", func(qctx context.Context, conn *sql.Conn) error {
+		query, args := acquirePostgres, []any{key, []byte(name), owner, us, reentrant, l.b.Host, l.b.PID, block}
+		dest := []any{&tok, &holds, &rem}
+		if enter {
+			query = acquireLinePostgres
+			args = append(args, pin.Millis(l.b.Line.Wait(ctx)), pin.Millis(ttl), l.b.Line.PgKey(key))
+			dest = append(dest, &waited)
+		}
+		stmt := func(qctx context.Context, conn *sql.Conn) error {
 			// The grant's clock starts when the statement is sent, not before the
 			// connection was obtained (possibly dialled).
 			res.start = l.b.Now()
-			return conn.QueryRowContext(qctx, acquirePostgres, key, []byte(name), owner, us, reentrant, l.b.Host, l.b.PID, block).Scan(&tok, &holds, &rem)
-		})
-		if errors.Is(err, sql.ErrNoRows) {
-			return attemptResult{}, nil
+			return conn.QueryRowContext(qctx, query, args...).Scan(dest...)
 		}
-		if err != nil {
+		var err error
+		if t != nil {
+			err = t.Run(actx, "uniqueindex attempt", stmt)
+		} else {
+			err = l.b.OnConn(actx, "uniqueindex attempt", stmt)
+		}
+		switch {
+		case enter && sqlerr.Is(err, sqlerr.LockTimeout):
+			return attemptResult{}, nil // the line's wait ran out: not entered
+		case errors.Is(err, sql.ErrNoRows):
+			return attemptResult{entered: enter}, nil
+		case err != nil:
 			return attemptResult{}, err
 		}
 		res.ok, res.token, res.remaining = tok > 0, tok, time.Duration(rem)*time.Microsecond
+		res.entered, res.waited = enter, waited.Bool
 		return res, nil
 	}
-	t, err := l.fenceNext(actx, key, name)
-	if err != nil {
-		return attemptResult{}, err
-	}
 	start := l.b.Now()
-	res, err := l.exec(actx, acquireMySQL, owner, us, l.b.Host, l.b.PID, key, t,
-		reentrant, owner, owner, l.b.Host, l.b.PID, owner, owner, us)
+	var r sql.Result
+	var err error
+	if t == nil {
+		r, err = l.exec(actx, acquireMySQL, key, []byte(name), owner, key, us, l.b.Host, l.b.PID,
+			owner, l.b.Host, l.b.PID, owner, reentrant, owner, owner, us)
+	} else {
+		q := l.acquireText(enter, key, name, owner, us, reentrant, l.b.Line.Wait(ctx))
+		err = t.Run(actx, "uniqueindex attempt", func(qctx context.Context, conn *sql.Conn) error {
+			start = l.b.Now()
+			r, err = conn.ExecContext(qctx, q)
+			return err
+		})
+	}
 	if err != nil {
 		return attemptResult{}, err
 	}
-	id, err := res.LastInsertId()
+	id, err := r.LastInsertId()
 	if err != nil {
 		return attemptResult{}, err
 	}
-	if id > 0 { // the update branch ran: see acquireMySQL
-		return attemptResult{ok: id%2 == 1, token: id / 2, start: start}, nil
+	if id == 0 { // nothing ran: the line's wait ran out
+		return attemptResult{}, nil
 	}
-	n, err := res.RowsAffected()
-	if err != nil {
-		return attemptResult{}, err
+	// See acquireMySQL: odd is a grant of token id/2, even a lock held by another.
+	return attemptResult{ok: id%2 == 1, token: id / 2, start: start, entered: enter}, nil
+}
+
+// acquireText is acquireMySQL as text for a turn's session, with its values in it
+// (hexadecimal literals and numbers: nothing to quote), entering the line first if
+// enter is set.
+func (l *Locker) acquireText(enter bool, key []byte, name string, owner []byte, us int64, reentrant bool, lineWait time.Duration) string {
+	from := ""
+	if enter {
+		from = "\nFROM " + wait.MyEnter(l.b.Line.MyName(wait.MyKey(key)), lineWait) + " q"
 	}
-	// Inserted (1 row), or overtaken by a later fence increment (no row): the same
-	// count with or without clientFoundRows.
-	return attemptResult{ok: n == 1, token: t, start: start}, nil
+	k, o, h := wait.MyKey(key), wait.MyKey(owner), wait.MyKey([]byte(l.b.Host))
+	u, pid, re := strconv.FormatInt(us, 10), strconv.FormatInt(l.b.PID, 10), "FALSE"
+	if reentrant {
+		re = "TRUE"
+	}
+	vals := []string{k, wait.MyKey([]byte(name)), o, k, u, h, pid, o, h, pid, o, re, o, o, u}
+	q := fmt.Sprintf(acquireMySQLFmt, from, freeMySQL)
+	var b strings.Builder
+	for _, part := range strings.Split(q, "?") {
+		b.WriteString(part)
+		if len(vals) > 0 {
+			b.WriteString(vals[0])
+			vals = vals[1:]
+		}
+	}
+	return b.String()
 }
 
 // forget deletes the row an attempt of owner may have committed without the caller
@@ -416,46 +496,5 @@ func (s *Sweeper) SweepBatch(ctx context.Context, limit int) (deleted int, more 
 		}
 		return int(n), cand >= int64(limit), nil
 	}
-	keys, err := s.candidates(ctx, us, limit)
-	if err != nil || len(keys) == 0 {
-		return 0, false, err
-	}
-	var q strings.Builder
-	q.Grow(len(sweepDeleteMySQL) + 2*len(keys) + 1)
-	q.WriteString(sweepDeleteMySQL)
-	args := make([]any, 0, len(keys)+1)
-	args = append(args, us)
-	for i, k := range keys {
-		if i > 0 {
-			q.WriteByte(',')
-		}
-		q.WriteByte('?')
-		args = append(args, k)
-	}
-	q.WriteByte(')')
-	res, err := s.db.ExecContext(ctx, q.String(), args...)
-	if err != nil {
-		return 0, false, err
-	}
-	n, err := res.RowsAffected()
-	return int(n), len(keys) >= limit, err
-}
-
-// candidates returns the keys of at most limit rows expired more than us µs ago, read
-// without locks (a consistent read).
-func (s *Sweeper) candidates(ctx context.Context, us int64, limit int) ([][]byte, error) {
-	rows, err := s.db.QueryContext(ctx, sweepSelectMySQL, us, limit)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	keys := make([][]byte, 0, min(limit, 1024))
-	for rows.Next() {
-		var k []byte
-		if err := rows.Scan(&k); err != nil {
-			return nil, err
-		}
-		keys = append(keys, k)
-	}
-	return keys, rows.Err()
+	return rowlease.StashingSweepMySQL(ctx, s.db, "sqllock_lease", "token", us, limit)
 }

@@ -227,7 +227,10 @@ SELECT count(*) FROM (SELECT pg_notify('sqllock_lease', encode(lock_key, 'hex'))
 			return err
 		}
 	case now:
-		res, err := db.ExecContext(ctx, "DELETE FROM sqllock_lease WHERE lock_key = ?", key)
+		// MySQL keeps a lease row while its name is in use (its token is the last one
+		// granted): free it in place, as a Release does.
+		res, err := db.ExecContext(ctx, "UPDATE sqllock_lease SET holds = 0, owner = ?, expires_at = LEAST(expires_at, UTC_TIMESTAMP(6)) "+
+			"WHERE lock_key = ? AND holds > 0 AND expires_at > UTC_TIMESTAMP(6)", []byte(revoked), key)
 		if err != nil {
 			return err
 		}

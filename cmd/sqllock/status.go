@@ -210,8 +210,9 @@ type rowTable struct {
 }
 
 var (
-	// leaseRows: uniqueindex (expired rows too: they stay until taken over or swept).
-	leaseRows = rowTable{strategy: "uniqueindex", table: "sqllock_lease", token: "token", waiters: "waiters", where: "TRUE",
+	// leaseRows: uniqueindex (expired rows too: they stay until taken over or swept;
+	// released rows on MySQL, which keeps them with no hold, are not leases).
+	leaseRows = rowTable{strategy: "uniqueindex", table: "sqllock_lease", token: "token", waiters: "waiters", where: "holds > 0",
 		waitNote:    "waiters wait in their own processes and are not listed",
 		expiredNote: "expired: free, the row stays until it is taken over or swept"}
 	// optimisticRows: the rows of sqllock_optimistic that have an owner.

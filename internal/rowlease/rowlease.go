@@ -88,6 +88,9 @@ type Locker struct {
 	Hub      *wait.Hub
 	Stmts    *prep.Cache
 	Guard    *deploy.Guard
+	// Line is the server-side waiting line of the strategies that use one (see
+	// wait.Line; EnableLine), or nil.
+	Line *wait.Line
 
 	id    []byte
 	nonce atomic.Uint64
@@ -109,11 +112,21 @@ func New(strategy string, db *sql.DB, d sqllock.Dialect, cfg Config, channel str
 	}
 }
 
-// Close stops the PostgreSQL listener (waiters go on by polling) and closes the
-// prepared statements. Idempotent.
+// EnableLine gives the Locker a server-side waiting line (wait.Line): its contended
+// acquisitions then wait in the database's own lock queue, in FIFO order across
+// processes.
+func (b *Locker) EnableLine() {
+	b.Line = wait.NewLine(b.DB, b.Dialect, b.Strategy, b.Cfg.Timing.TTL, b.Cfg.Poll, b.Cfg.Logger)
+}
+
+// Close stops the PostgreSQL listener (waiters go on by polling), closes the
+// prepared statements and returns the line's kept sessions. Idempotent.
 func (b *Locker) Close() {
 	b.Hub.Close()
 	b.Stmts.Close()
+	if b.Line != nil {
+		b.Line.Close()
+	}
 }
 
 // Owner returns the owner of one acquisition: tag, the Locker's identity and a fresh

@@ -25,11 +25,17 @@ var TransientPolicy = backoff.Policy{Min: 2 * time.Millisecond, Max: 64 * time.M
 type Result struct {
 	Acquired   bool
 	HolderLeft time.Duration // the holder's remaining lease, if known: the next poll
+	// Entered (an attempt of Loop.InLine that enters the line): the statement
+	// entered the line, and the turn's session now holds the line lock; false when
+	// the entry's wait ran out (nothing else was done then).
+	Entered bool
+	// Waited (likewise): the entry had to wait for its turn: the key is contended.
+	Waited bool
 }
 
 // Loop is how the row strategies acquire: attempts until one acquires, until the
 // lock is found held (TryAcquire), or until ctx ends, waiting between attempts in
-// the Hub without holding a pooled connection.
+// the Hub without holding a pooled connection, or in the server's line (Line).
 type Loop struct {
 	Hub   *Hub
 	Key   string        // the lock key (queue and wake-ups)
@@ -43,18 +49,28 @@ type Loop struct {
 	Attempt func(ctx context.Context) (Result, error)
 	// OnTransient, if set, is told of each transient error about to be retried.
 	OnTransient func(err error)
+	// Line, if set, is the Locker's server-side line: an Acquire that waits in the
+	// in-process queue (Block and Queue) and finds the lock held, or whose key was
+	// seen contended recently, waits in it, with InLine.
+	Line *Line
+	// InLine makes one attempt on the session of turn t. With enter, the statement
+	// first enters the line (see Result.Entered, Result.Waited); without, the session
+	// holds the line lock already and the attempt is an ordinary one.
+	InLine func(ctx context.Context, t *Turn, enter bool) (Result, error)
 }
 
 // Run runs the loop. On success it returns the caller's slot at the head of the
 // in-process queue (nil if Queue is false): hand it on (Slot.Leave) when the lease
-// ends. Otherwise it returns an error whose kind is sqllock.ErrNotAcquired when the
+// ends; and the turn in the server's line that got the lock, or nil: the lease gives
+// its line lock back when it ends (Turn.Leave, or a release statement that does it
+// too). Otherwise it returns an error whose kind is sqllock.ErrNotAcquired when the
 // lock was held or ctx ended (the error then also matches ctx.Err()), or nil for a
 // database error, and uncertain tells that some attempt may have committed a grant
 // whose reply never came: the caller deletes what it may have left.
-func (lp Loop) Run(ctx context.Context) (slot *Slot, uncertain bool, kind, err error) {
+func (lp Loop) Run(ctx context.Context) (slot *Slot, turn *Turn, uncertain bool, kind, err error) {
 	if lp.Block && lp.Queue {
 		if slot, err = lp.Hub.Enqueue(ctx, lp.Key); err != nil {
-			return nil, false, sqllock.ErrNotAcquired, err
+			return nil, nil, false, sqllock.ErrNotAcquired, err
 		}
 	}
 	var wake <-chan struct{}
@@ -63,18 +79,63 @@ func (lp Loop) Run(ctx context.Context) (slot *Slot, uncertain bool, kind, err e
 		wake, unsubscribe = lp.Hub.Subscribe(lp.Key)
 		defer unsubscribe()
 	}
-	fail := func(k, e error) (*Slot, bool, error, error) {
+	fail := func(k, e error) (*Slot, *Turn, bool, error, error) {
+		turn.Leave(ctx)
 		slot.Leave()
-		return nil, uncertain, k, e
+		return nil, nil, uncertain, k, e
 	}
+	useLine := lp.Block && lp.Queue && lp.Line != nil && lp.InLine != nil
+	enterNext := useLine && lp.Line.Contended(lp.Key) // a contended key: straight to the line
+	lineTimedOut := false
 	transient := 0
 	for attempt := 0; ; attempt++ {
-		res, err := lp.Attempt(ctx)
+		var res Result
+		var err error
+		entering := false
+		if enterNext && turn == nil {
+			turn = lp.Line.Take(ctx, []byte(lp.Key))
+			entering = turn != nil
+		}
+		enterNext = false
+		if turn != nil {
+			res, err = lp.InLine(ctx, turn, entering)
+			switch {
+			case err != nil && (entering || turn.dirty):
+				// The session may hold the line lock or not: discard it (the server
+				// frees what it held), and go on without the line.
+				turn.dirty = true
+				turn.Leave(ctx)
+				turn = nil
+			case entering && !res.Entered:
+				// The entry's wait ran out: attempt without the line at once.
+				turn.Leave(ctx)
+				turn, lineTimedOut, enterNext = nil, true, false
+				continue
+			case entering:
+				turn.Entered(true)
+				if res.Waited {
+					lp.Line.Saw(lp.Key)
+				}
+			}
+		} else {
+			res, err = lp.Attempt(ctx)
+			if err == nil && res.Acquired && lineTimedOut {
+				lp.Line.MarkStale(lp.Key) // the line lock's holder did not hold the lease
+			}
+		}
 		switch {
 		case err == nil && res.Acquired:
-			return slot, uncertain, nil, nil
+			return slot, turn, uncertain, nil, nil
 		case err == nil:
 			transient = 0
+			if useLine && turn == nil {
+				lp.Line.Saw(lp.Key)
+				if !lineTimedOut && !lp.Line.Stale(lp.Key) {
+					enterNext = true
+					continue // the entry waits: no sleep before it
+				}
+				lineTimedOut = false
+			}
 		case sqlerr.Transient(err):
 			// A conflict with a concurrent attempt, release, renewal or sweep: "not
 			// acquired yet", never an error of the caller's.

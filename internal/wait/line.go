@@ -1,0 +1,397 @@
+package wait
+
+import (
+	"context"
+	"database/sql"
+	"encoding/hex"
+	"log/slog"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/sqllock/sqllock"
+	"github.com/sqllock/sqllock/internal/interrupt"
+	"github.com/sqllock/sqllock/internal/namekey"
+	"github.com/sqllock/sqllock/internal/pin"
+	"github.com/sqllock/sqllock/internal/sqlerr"
+)
+
+// Line is the server-side waiting line of one Locker of a row strategy: a session
+// lock per lock key (pg_advisory_lock, GET_LOCK), the line lock, that the contended
+// acquirers of every process queue for in the database. The server grants it in the
+// order of the requests, so contended acquisitions are granted across processes in
+// FIFO order, and the waiters sleep in the server instead of polling: a waiter's
+// statement enters the line and, once its turn comes, makes its attempt; the holder
+// that came through the line gives the line lock back in its release statement, so a
+// contended acquisition costs two statements.
+//
+// The line lock is only a waiting aid: the lease row decides who holds the lock.
+// A holder that did not come through the line is waited for in the line as before
+// (notifications, polling); a line lock left with a session that no longer holds
+// the lease (a partitioned or frozen holder, a pooler that moved the session) delays
+// the waiters at most by the wait of one entry (Line.wait), after which they attempt
+// directly and stop using the line of that key for a while.
+//
+// A turn pins one pooled connection from the statement that enters the line until
+// the release (or until the waiter gives up), with the session bound of internal/pin
+// (a session idle for longer than the TTL is ended by the server, which frees the
+// line lock). A Locker has at most maxTurns turns out; beyond that, waiters wait
+// without the line.
+type Line struct {
+	db      *sql.DB
+	dialect sqllock.Dialect
+	space   string // keeps the lines of strategies apart
+	pins    *pin.Pool
+	log     *slog.Logger
+	max     int
+	wait    time.Duration // longest wait of one entry
+
+	mu     sync.Mutex
+	seen   map[string]time.Time // key -> when contention was last seen
+	stale  map[string]time.Time // key -> line not used until
+	sids   map[*sql.Conn]int64  // MySQL session ids of pinned connections
+	out    int
+	closed bool
+	off    bool // the line lock did not stay with its session: never used again
+}
+
+// Timings of the line.
+const (
+	// contendedFor is how long after contention was last seen an acquisition of the
+	// key goes to the line at once, without a first attempt of its own.
+	contendedFor = 2 * time.Second
+	// staleFor is how long the line of a key is not used after its line lock turned
+	// out to be held by a session that did not hold the lease.
+	staleFor = 30 * time.Second
+	// maxTurns caps the turns out of one Locker whose pool has no limit.
+	maxTurns = 16
+)
+
+// NewLine returns the line of a Locker of strategy space on db, whose sessions are
+// bounded by ttl. An entry waits at most poll (at least a second) before the waiter
+// makes an attempt of its own.
+func NewLine(db *sql.DB, d sqllock.Dialect, space string, ttl, poll time.Duration, log *slog.Logger) *Line {
+	n := maxTurns
+	if m := db.Stats().MaxOpenConnections; m > 0 {
+		n = min(n, max(1, m/4))
+	}
+	return &Line{
+		db: db, dialect: d, space: space, pins: pin.New(db, d, ttl, log), log: log, max: n,
+		wait: max(poll, time.Second),
+		seen: map[string]time.Time{}, stale: map[string]time.Time{}, sids: map[*sql.Conn]int64{},
+	}
+}
+
+// Close returns the kept sessions to the pool. Turns out stay valid.
+func (ln *Line) Close() {
+	ln.mu.Lock()
+	ln.closed = true
+	ln.mu.Unlock()
+	ln.pins.Close()
+}
+
+// Contended reports whether key was seen contended recently: an acquisition then
+// enters the line at once.
+func (ln *Line) Contended(key string) bool {
+	ln.mu.Lock()
+	defer ln.mu.Unlock()
+	at, ok := ln.seen[key]
+	return ok && time.Since(at) < contendedFor && !ln.staleLocked(key)
+}
+
+// Saw records that key is contended (an attempt found it held, a waiter waited in
+// line, or a release found someone in line).
+func (ln *Line) Saw(key string) {
+	ln.mu.Lock()
+	defer ln.mu.Unlock()
+	now := time.Now()
+	if len(ln.seen) >= 4096 {
+		for k, at := range ln.seen {
+			if now.Sub(at) >= contendedFor {
+				delete(ln.seen, k)
+			}
+		}
+	}
+	ln.seen[key] = now
+}
+
+// staleLocked reports whether the line of key is not to be used. Call with mu held.
+func (ln *Line) staleLocked(key string) bool {
+	until, ok := ln.stale[key]
+	if ok && time.Now().After(until) {
+		delete(ln.stale, key)
+		return false
+	}
+	return ok
+}
+
+// Stale reports whether the line of key is not to be used for now (MarkStale).
+func (ln *Line) Stale(key string) bool {
+	ln.mu.Lock()
+	defer ln.mu.Unlock()
+	return ln.staleLocked(key)
+}
+
+// MarkStale stops the use of the line of key for a while: an entry's wait ran out,
+// and an attempt without the line then got the lock, so the line lock is held by a
+// session that does not hold the lease (a partitioned or frozen holder, a session a
+// pooler handed to another client).
+func (ln *Line) MarkStale(key string) {
+	ln.mu.Lock()
+	defer ln.mu.Unlock()
+	ln.stale[key] = time.Now().Add(staleFor)
+	delete(ln.seen, key)
+	ln.log.Debug("sqllock/"+ln.space+": the line lock of a key is held by a session that does not hold the lease; waiting without the line for a while", "for", staleFor)
+}
+
+// Take returns a turn for key: a pinned session, not yet in the line. It returns nil
+// if the Locker has its maximum of turns out, the line of key is not to be used, or
+// no session could be had.
+func (ln *Line) Take(ctx context.Context, key []byte) *Turn {
+	ln.mu.Lock()
+	if ln.closed || ln.off || ln.out >= ln.max || ln.staleLocked(string(key)) {
+		ln.mu.Unlock()
+		return nil
+	}
+	ln.out++
+	ln.mu.Unlock()
+	t := &Turn{ln: ln, key: key}
+	conn, err := ln.pins.Get(ctx)
+	if err == nil && ln.dialect == sqllock.MySQL {
+		t.sid, err = ln.sid(ctx, conn)
+		if err != nil {
+			ln.pins.Discard(conn)
+		}
+	}
+	if err != nil {
+		ln.mu.Lock()
+		ln.out--
+		ln.mu.Unlock()
+		return nil
+	}
+	t.conn = conn
+	return t
+}
+
+// sid returns the MySQL session id of conn, asking the server once per connection.
+func (ln *Line) sid(ctx context.Context, conn *sql.Conn) (int64, error) {
+	ln.mu.Lock()
+	id, ok := ln.sids[conn]
+	ln.mu.Unlock()
+	if ok {
+		return id, nil
+	}
+	if err := conn.QueryRowContext(ctx, "SELECT CONNECTION_ID()").Scan(&id); err != nil {
+		return 0, err
+	}
+	ln.mu.Lock()
+	if len(ln.sids) >= 64 {
+		clear(ln.sids) // connections since returned to the pool
+	}
+	ln.sids[conn] = id
+	ln.mu.Unlock()
+	return id, nil
+}
+
+// Turn is one waiter's place in the line: a pinned session, which holds the line
+// lock of its key once In is set. Not safe for concurrent use.
+type Turn struct {
+	ln    *Line
+	conn  *sql.Conn
+	sid   int64 // MySQL session id
+	key   []byte
+	in    bool // the session holds the line lock
+	dirty bool // the session must be discarded
+	done  bool
+}
+
+// Conn is the turn's session.
+func (t *Turn) Conn() *sql.Conn { return t.conn }
+
+// Dirty reports whether the turn's session is to be discarded.
+func (t *Turn) Dirty() bool { return t.dirty }
+
+// In reports whether the turn's session holds the line lock.
+func (t *Turn) In() bool { return t != nil && t.in }
+
+// Entered records that the turn's session now holds the line lock (its statement
+// entered the line), or that it does not (an entry that timed out).
+func (t *Turn) Entered(in bool) { t.in = in }
+
+// Run runs stmt on the turn's session, interrupting its wait on the server when ctx
+// ends (a cancel request, KILL QUERY). After an interrupt whose effect is uncertain
+// or a broken connection the session is discarded at Leave, which frees the line
+// lock on the server.
+func (t *Turn) Run(ctx context.Context, label string, stmt func(qctx context.Context, conn *sql.Conn) error) error {
+	target := interrupt.Target{PgConn: interrupt.PgConn(t.conn), Label: label}
+	if t.ln.dialect == sqllock.MySQL {
+		kill := "KILL QUERY " + strconv.FormatInt(t.sid, 10)
+		target.Kill = func(kctx context.Context, kc *sql.Conn) error {
+			_, err := kc.ExecContext(kctx, kill)
+			return err
+		}
+	}
+	dirty, err := interrupt.Interrupter{DB: t.ln.db, Logger: t.ln.log}.Run(ctx, target, false,
+		func(qctx context.Context) error { return stmt(qctx, t.conn) })
+	if dirty || sqlerr.Is(err, sqlerr.SessionLost) || (err != nil && ctx.Err() != nil) {
+		t.dirty = true
+	}
+	return err
+}
+
+// Leave gives the turn up: it gives the line lock back if the session still holds
+// it, and returns the session (or discards it, which frees everything it held).
+// Safe to call more than once and on a nil Turn.
+func (t *Turn) Leave(ctx context.Context) {
+	if t == nil || t.done {
+		return
+	}
+	t.done = true
+	ln := t.ln
+	defer func() {
+		ln.mu.Lock()
+		ln.out--
+		ln.mu.Unlock()
+	}()
+	if !t.dirty && t.in {
+		gctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), interrupt.Grace)
+		_, err := t.conn.ExecContext(gctx, ln.unlockSQL(t.key), ln.unlockArgs(t.key)...)
+		cancel()
+		t.dirty = err != nil
+	}
+	if t.dirty {
+		ln.pins.Discard(t.conn)
+		return
+	}
+	ln.pins.Put(t.conn)
+}
+
+// Released records the outcome of a release statement that also gave the line lock
+// back (see PgRelease, MyRelease): unlocked tells that it did; inLine that another
+// session took the line lock at once (someone was waiting: the key is contended).
+func (t *Turn) Released(unlocked, inLine bool) {
+	if unlocked {
+		t.in = false
+	} else if t.in {
+		// The session that entered the line does not hold its lock: the statements
+		// of one connection reach different server sessions (a transaction-pooling
+		// proxy such as pgbouncer pool_mode=transaction). The line cannot work there.
+		t.ln.mu.Lock()
+		if !t.ln.off {
+			t.ln.off = true
+			t.ln.log.Warn("sqllock/" + t.ln.space + ": the server-side line lock was not held by the session that took it " +
+				"(a transaction-pooling proxy?); contended acquisitions wait without it from now on")
+		}
+		t.ln.mu.Unlock()
+		t.dirty = true // the lock is somewhere else; this session is of no use
+	}
+	if inLine {
+		t.ln.Saw(string(t.key))
+	}
+}
+
+// Wait is the longest wait of one entry, for the strategies' entry statements.
+func (ln *Line) Wait(ctx context.Context) time.Duration {
+	d := ln.wait
+	if dl, ok := ctx.Deadline(); ok {
+		d = min(d, max(time.Until(dl), time.Millisecond))
+	}
+	return d
+}
+
+// PgKey is the PostgreSQL advisory key of the line of key.
+func (ln *Line) PgKey(key []byte) int64 {
+	return namekey.Int64("sqllock/line/"+ln.space, string(key))
+}
+
+// MyName is the SQL expression of the MySQL GET_LOCK name of the line of a key, whose
+// SQL is keySQL (a "?" parameter, or MyKey): the database's name is part of it
+// (GET_LOCK names are server-wide), computed by the server in the statement; 63
+// characters.
+func (ln *Line) MyName(keySQL string) string { return MyLineName(ln.space, keySQL) }
+
+// MyLineName is Line.MyName for the lines of strategy space.
+func MyLineName(space, keySQL string) string {
+	return "CONCAT('sqllock:l:', LEFT(SHA2(CONCAT_WS(':', COALESCE(DATABASE(), ''), '" + space + "', HEX(" + keySQL + ")), 256), 54))"
+}
+
+// MyKey is key as a MySQL hexadecimal literal, for the statements a turn sends as
+// text: go-sql-driver prepares, runs and closes a statement with parameters (unless
+// the DSN sets interpolateParams), three round trips where text takes one.
+func MyKey(key []byte) string { return "X'" + hex.EncodeToString(key) + "'" }
+
+// PgEnter is the SQL expression that enters the line of PostgreSQL advisory key k
+// (a parameter, bigint) and evaluates to whether the session had to wait: it takes
+// the line lock at once if it is free, else waits for it with a lock_timeout of ms
+// (a parameter, text, milliseconds), which it puts back once the lock is held, so
+// that the rest of the statement waits as it would without it. The evaluation order
+// is that of the CASE. A statement that fails with a lock timeout (55P03) did not
+// enter the line. It sets nothing else: see PgBound.
+func PgEnter(k, ms string) string {
+	return "CASE WHEN pg_try_advisory_lock(" + k + ") THEN false" +
+		" WHEN set_config('lock_timeout', " + ms + ", true) IS NULL THEN NULL" +
+		" WHEN pg_advisory_lock(" + k + ") IS NULL THEN NULL" +
+		" WHEN set_config('lock_timeout', NULL, true) IS NULL THEN true ELSE true END"
+}
+
+// PgBound is the SQL expression that sets the server-enforced bound of a turn's
+// session, ms (a parameter, text, milliseconds): the server ends the session if it
+// stays idle (idle_session_timeout) or its client stops acknowledging
+// (tcp_user_timeout) for longer, which frees the line lock. PgRelease puts them back.
+func PgBound(ms string) string {
+	return "set_config('idle_session_timeout', " + ms + ", false) || set_config('tcp_user_timeout', " + ms + ", false)"
+}
+
+// PgRelease is the SQL select-list fragment, for the end of a release statement run
+// on a turn's session, that gives back the line lock of advisory key k (a parameter)
+// and puts the session's bound back: two boolean columns, unlocked (the session held
+// it) and in_line (another session took it at once), then the reset settings.
+func PgRelease(k string) string {
+	return "pg_advisory_unlock(" + k + ") AS unlocked, NOT pg_try_advisory_xact_lock_shared(" + k + ") AS in_line, " +
+		"set_config('idle_session_timeout', NULL, false) || set_config('tcp_user_timeout', NULL, false) AS reset"
+}
+
+// MyEnter is the MySQL derived table that enters the line of name (MyName): it has
+// one row when the session holds the line lock, and none when the wait ran out. A
+// derived table without a table is materialised before the statement reads any
+// table, so no row lock is held while it waits. MySQL 9.7 and MariaDB 10.11 evaluate
+// it twice when it has a row (GET_LOCK then counts two holds of the session), and
+// the second evaluation finds the lock already held: whether the first one waited is
+// lost, so Result.Waited is not reported on MySQL, and the line lock is given back
+// with RELEASE_ALL_LOCKS(): a turn's session holds no other.
+func MyEnter(name string, wait time.Duration) string {
+	secs := strconv.FormatFloat(wait.Seconds(), 'f', 3, 64)
+	return "(SELECT w.waited FROM (SELECT IF(GET_LOCK(" + name + ", 0) = 1, 0, IF(GET_LOCK(" + name + ", " + secs +
+		") = 1, 1, NULL)) AS waited) w WHERE w.waited IS NOT NULL)"
+}
+
+// MyRelease is the SQL expression, for a release statement run on a turn's session
+// (evaluated once, on the released row, after it is locked), that gives the line lock
+// back and evaluates to 4 + 2*unlocked + in_line: unlocked, the session held it;
+// in_line, another session took it at once.
+func (ln *Line) MyRelease(keySQL string) string {
+	return "4 + 2 * (RELEASE_ALL_LOCKS() > 0) + (IS_USED_LOCK(" + ln.MyName(keySQL) + ") IS NOT NULL)"
+}
+
+// MyReleased decodes MyRelease's value: ok is false for a value out of its range.
+func MyReleased(v int64) (unlocked, inLine, ok bool) {
+	if v < 4 || v > 7 {
+		return false, false, false
+	}
+	return v&2 != 0, v&1 != 0, true
+}
+
+// unlockSQL gives the line lock of key back on its own.
+func (ln *Line) unlockSQL(key []byte) string {
+	if ln.dialect == sqllock.Postgres {
+		return "SELECT pg_advisory_unlock($1), set_config('idle_session_timeout', NULL, false), set_config('tcp_user_timeout', NULL, false)"
+	}
+	return "DO RELEASE_ALL_LOCKS()"
+}
+
+func (ln *Line) unlockArgs(key []byte) []any {
+	if ln.dialect == sqllock.Postgres {
+		return []any{ln.PgKey(key)}
+	}
+	return nil
+}
