@@ -36,6 +36,8 @@ type cell struct {
 	pool func(t *target, wc *wireCount) (*sql.DB, error)
 	// floor marks the SELECT 1 cell: not a lock, so it has no contended phases.
 	floor bool
+	// pgOnly marks a cell that exists on PostgreSQL only.
+	pgOnly bool
 	// open makes one client over db, a pool that belongs to that client alone.
 	open func(ctx context.Context, db *sql.DB, d sqllock.Dialect) (client, error)
 }
@@ -63,6 +65,9 @@ func cellsFor(d sqllock.Dialect) []cell {
 		{name: "raw advisory", open: openRawAdvisory},
 		{name: "raw forupdate", open: openRawForUpdate},
 		{name: "raw optimistic", open: openRawOptimistic},
+		// raw uniqueindex whose every release also sends a NOTIFY (PostgreSQL): what
+		// notifying on each release would cost, beside the same statements without.
+		{name: "raw uniqueindex NOTIFY", raw: "raw uniqueindex", open: openRawInsertNotify, pgOnly: true},
 		{name: "uniqueindex", raw: "raw uniqueindex", open: lockerCell(func(db *sql.DB, d sqllock.Dialect) (locker, error) {
 			return uniqueindex.New(db, d)
 		})},
@@ -87,6 +92,7 @@ func cellsFor(d sqllock.Dialect) []cell {
 			return fairqueue.New(db, d)
 		})},
 	}
+	cs = slices.DeleteFunc(cs, func(c cell) bool { return c.pgOnly && d != sqllock.Postgres })
 	if peerCells != nil {
 		for _, p := range peerCells(d) {
 			for i := range cs {
@@ -247,11 +253,16 @@ func openFloor(ctx context.Context, db *sql.DB, d sqllock.Dialect) (client, erro
 // openRawInsert: INSERT a row to take the lock (retried every rawPoll while the key
 // exists), DELETE it to release.
 func openRawInsert(ctx context.Context, db *sql.DB, d sqllock.Dialect) (client, error) {
+	return rawInsertClient(ctx, db, d, `DELETE FROM bench_raw_lease WHERE name = $1`)
+}
+
+// rawInsertClient is openRawInsert with the release statement del.
+func rawInsertClient(ctx context.Context, db *sql.DB, d sqllock.Dialect, del string) (client, error) {
 	ins := `INSERT INTO bench_raw_lease (name) VALUES ($1) ON CONFLICT DO NOTHING`
 	if d == sqllock.MySQL {
 		ins = `INSERT IGNORE INTO bench_raw_lease (name) VALUES (?)`
 	}
-	sts, err := stmts(ctx, db, nil, d, ins, `DELETE FROM bench_raw_lease WHERE name = $1`)
+	sts, err := stmts(ctx, db, nil, d, ins, del)
 	if err != nil {
 		return nil, err
 	}
@@ -278,6 +289,16 @@ func openRawInsert(ctx context.Context, db *sql.DB, d sqllock.Dialect) (client, 
 		},
 		closeFn: closeStmts(sts),
 	}, nil
+}
+
+// rawNotifyChannel is the channel of the raw NOTIFY cell.
+const rawNotifyChannel = "bench_raw_notify"
+
+// openRawInsertNotify: openRawInsert whose DELETE also notifies, in the same
+// statement, as a release that wakes waiters does.
+func openRawInsertNotify(ctx context.Context, db *sql.DB, d sqllock.Dialect) (client, error) {
+	return rawInsertClient(ctx, db, d, `WITH x AS (DELETE FROM bench_raw_lease WHERE name = $1 RETURNING name)
+SELECT pg_notify('`+rawNotifyChannel+`', name) FROM x`)
 }
 
 // fnv64 hashes a lock name into a raw advisory key.

@@ -396,12 +396,6 @@ func writeMarkdown(w io.Writer, rep report) {
 		rep.Duration, rep.Rounds, rep.Clients, rep.Hold)
 	for _, d := range rep.Dialects {
 		fmt.Fprintf(w, "\n## %s\n\n", d.Dialect)
-		peers := false
-		for _, c := range d.Cells {
-			if _, ok := c.Median[mXPeer]; ok {
-				peers = true
-			}
-		}
 		cols := []struct {
 			title, key string
 			f          func(float64) string
@@ -422,15 +416,21 @@ func writeMarkdown(w io.Writer, rep report) {
 			{"hand-off p99", mHandoffP99, fUs},
 			{fmt.Sprintf("%d distinct acq/s", rep.Distinct), mDist, fInt},
 			{fmt.Sprintf("%d distinct x raw", rep.Distinct), mDistXRaw, fX},
+			{fmt.Sprintf("%d clients NOTIFY/acq", rep.Clients), mNotifyCN, fF2},
+			{fmt.Sprintf("%d distinct NOTIFY/acq", rep.Distinct), mNotifyDist, fF2},
 		}
-		if !peers {
-			cols = slices.DeleteFunc(cols, func(c struct {
-				title, key string
-				f          func(float64) string
-			}) bool {
-				return c.key == mXPeer
-			})
-		}
+		// Columns no cell of this dialect measured (peers, notifications) are left out.
+		cols = slices.DeleteFunc(cols, func(c struct {
+			title, key string
+			f          func(float64) string
+		}) bool {
+			for _, cell := range d.Cells {
+				if _, ok := cell.Median[c.key]; ok {
+					return false
+				}
+			}
+			return true
+		})
 		fmt.Fprint(w, "| cell |")
 		for _, c := range cols {
 			fmt.Fprintf(w, " %s |", c.title)
@@ -471,7 +471,10 @@ the acquisitions (100/clients % is fair). *wait*: Acquire call to return. *hand-
 the previous holder's Release returning to the next holder's Acquire returning, for
 acquisitions that were waiting when that Release returned. *distinct*: that many
 clients at once, each on a name of its own (no contention: what the statements cost when
-many run at once; on PostgreSQL a NOTIFY would serialise their commits).
+many run at once; on PostgreSQL a NOTIFY would serialise their commits). *NOTIFY/acq*
+(PostgreSQL): notifications sent on the library's channels per acquisition, counted by a
+LISTEN session of the bench's; *raw uniqueindex NOTIFY* is raw uniqueindex whose every
+release also notifies, and its *x raw* columns are what a NOTIFY per release costs.
 `)
 }
 

@@ -1,4 +1,3 @@
-
 package main
 
 // The peer libraries, compared in the same run: cirello.io/pglock on PostgreSQL (over

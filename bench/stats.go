@@ -47,6 +47,7 @@ type phaseResult struct {
 	trips     int64 // round trips on the wire, all clients, during the phase
 	oneway    int64
 	perClient []int64
+	notifies  int64           // PostgreSQL notifications on the library's channels (-1: not counted)
 	wait      []time.Duration // Acquire call to return
 	handoff   []time.Duration // previous holder's Release returned to Acquire returned
 	errs      []error
@@ -100,6 +101,10 @@ func (p phase) run(ctx context.Context, t *target, c cell, name string) (phaseRe
 		samples []sample
 		errs    []error
 	)
+	stopCounting, err := countNotifications(ctx, t)
+	if err != nil {
+		return phaseResult{}, fmt.Errorf("counting notifications: %w", err)
+	}
 	trips0, oneway0 := wc.trips.Load(), wc.oneway.Load()
 	start := time.Now()
 	since := func() int64 { return int64(time.Since(start)) }
@@ -143,6 +148,7 @@ func (p phase) run(ctx context.Context, t *target, c cell, name string) (phaseRe
 		oneway:    wc.oneway.Load() - oneway0,
 		perClient: make([]int64, p.clients),
 		errs:      errs,
+		notifies:  stopCounting(),
 	}
 	// Hand-offs: acquisition k waited for acquisition k-1 if it called Acquire
 	// before k-1's Release returned. A waiter may see the lock before the releaser
@@ -192,8 +198,10 @@ const (
 	mWaitP99    = "contended_wait_p99_us"
 	mHandoffP50 = "contended_handoff_p50_us"
 	mHandoffP99 = "contended_handoff_p99_us"
+	mNotifyCN   = "contended_notifies_per_acq"
 	mDist       = "distinct_acq_per_s"
 	mDistXRaw   = "distinct_x_raw"
+	mNotifyDist = "distinct_notifies_per_acq"
 	mErrors     = "errors"
 )
 
@@ -226,6 +234,9 @@ func (m metrics) contended(r phaseResult) {
 		return
 	}
 	m[mStmtsCN] = float64(r.trips) / float64(r.acq)
+	if r.notifies >= 0 {
+		m[mNotifyCN] = float64(r.notifies) / float64(r.acq)
+	}
 	m[mMinShare] = 100 * float64(slices.Min(r.perClient)) / float64(r.acq)
 	if v, ok := percentile(r.wait, 0.50); ok {
 		m[mWaitP50] = us(v)
@@ -245,6 +256,9 @@ func (m metrics) contended(r phaseResult) {
 func (m metrics) distinct(r phaseResult) {
 	m[mDist] = float64(r.acq) / r.elapsed.Seconds()
 	m[mErrors] += float64(len(r.errs))
+	if r.notifies >= 0 && r.acq > 0 {
+		m[mNotifyDist] = float64(r.notifies) / float64(r.acq)
+	}
 }
 
 // ratios sets, within one round, each cell's ratios to its raw cell, its peer and

@@ -76,6 +76,14 @@ type Config struct {
 	// NewDefault returns a Locker with the strategy's default options, for the
 	// Latency case. Default: New.
 	NewDefault func(t testing.TB, db *sql.DB) sqllock.Locker
+	// ContendedStatements, if set, is the strategy's documented bound on the
+	// statements per acquisition (its release included) when independent Lockers
+	// contend for one name: the Fairness case then counts them on counting pools
+	// (testdb.OpenCounting) instead of cfg.Open's.
+	ContendedStatements float64
+	// FairnessFor is how long the Fairness case runs (default 3s).
+	FairnessFor time.Duration
+
 	// Latency is added to each direction of the holder's connections in the Latency
 	// case (default 200ms), and LatencyHold is how long the holder keeps the lock
 	// meanwhile (default 5s): long enough for keep-alives to run.
@@ -116,6 +124,9 @@ func (c *Config) defaults() {
 	if c.LatencyHold == 0 {
 		c.LatencyHold = 5 * time.Second
 	}
+	if c.FairnessFor == 0 {
+		c.FairnessFor = 3 * time.Second
+	}
 }
 
 // Run runs every case of the suite as a subtest of t.
@@ -130,6 +141,7 @@ func Run(t *testing.T, cfg Config) {
 		f    func(*testing.T, *Config)
 	}{
 		{"Exclusion", testExclusion},
+		{"Fairness", testFairness},
 		{"TryAcquire", testTryAcquire},
 		{"ReleaseTwice", testReleaseTwice},
 		{"Loss", testLoss},
@@ -333,6 +345,89 @@ func testExclusion(t *testing.T, cfg *Config) {
 		t.Errorf("fencing tokens out of order: %s", tokenFault)
 	}
 	t.Logf("%d sections by %d goroutines over %d pools (%d counter writes failed)", done.Load(), cfg.Goroutines, cfg.Pools, failed.Load())
+}
+
+// testFairness: Pools Lockers, each on a pool of its own and with one goroutine, as
+// replicas of a service are, take one name over and over (acquire, hold, release,
+// acquire again at once) for FairnessFor. Every Locker must get at least half of its
+// fair share: a Locker that releases and asks again must not win again and again
+// while the others wait. With ContendedStatements set, the statements sent per
+// acquisition (release, waits and keep-alives included) must stay within it.
+func testFairness(t *testing.T, cfg *Config) {
+	var sent atomic.Int64
+	ls := make([]sqllock.Locker, cfg.Pools)
+	for i := range ls {
+		if cfg.ContendedStatements > 0 {
+			ls[i] = cfg.New(t, testdb.OpenCounting(t, cfg.Dialect, &sent))
+		} else {
+			ls[i] = cfg.New(t, cfg.Open(t, cfg.Dialect))
+		}
+	}
+	name := uniqueName(t)
+	// Every Locker takes the name once first, so that no Locker's first statements
+	// (a session's first use, a listener) are counted.
+	for _, l := range ls {
+		release(t, mustAcquire(t, l, name))
+	}
+	counts := make([]atomic.Int64, len(ls))
+	var inside atomic.Int32
+	var overlaps atomic.Int64
+	ctx := testdb.Context(t, cfg.FairnessFor+time.Minute)
+	stop := time.Now().Add(cfg.FairnessFor)
+	start := sent.Load()
+	var wg sync.WaitGroup
+	for i, l := range ls {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for time.Now().Before(stop) {
+				lease, err := l.Acquire(ctx, name)
+				if err != nil {
+					t.Errorf("Locker %d: Acquire: %v", i, err)
+					return
+				}
+				if inside.Add(1) > 1 {
+					overlaps.Add(1)
+				}
+				time.Sleep(cfg.Hold)
+				inside.Add(-1)
+				counts[i].Add(1)
+				if err := lease.Release(ctx); err != nil {
+					t.Errorf("Locker %d: Release: %v", i, err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	stmts := sent.Load() - start
+	var total int64
+	shares := make([]int64, len(ls))
+	for i := range counts {
+		shares[i] = counts[i].Load()
+		total += shares[i]
+	}
+	t.Logf("%d acquisitions by %d Lockers in %v: %v each", total, len(ls), cfg.FairnessFor, shares)
+	if o := overlaps.Load(); o != 0 {
+		t.Errorf("mutual exclusion violated: %d overlapping holds", o)
+	}
+	if total < int64(4*len(ls)) {
+		t.Fatalf("only %d acquisitions in %v", total, cfg.FairnessFor)
+	}
+	fair := float64(total) / float64(len(ls))
+	for i, n := range shares {
+		if float64(n) < fair/2 {
+			t.Errorf("Locker %d got %d of %d acquisitions (%.1f %%, fair is %.1f %%): a Locker that releases wins again while others wait",
+				i, n, total, 100*float64(n)/float64(total), 100/float64(len(ls)))
+		}
+	}
+	if cfg.ContendedStatements > 0 {
+		per := float64(stmts) / float64(total)
+		t.Logf("%.2f statements per acquisition (bound %.2f)", per, cfg.ContendedStatements)
+		if per > cfg.ContendedStatements {
+			t.Errorf("%.2f statements per contended acquisition, more than the strategy's %.2f", per, cfg.ContendedStatements)
+		}
+	}
 }
 
 func testTryAcquire(t *testing.T, cfg *Config) {

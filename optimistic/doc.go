@@ -33,11 +33,19 @@
 //
 // # Contention
 //
-// Every waiter of one Locker queues in the process; across Lockers a waiter rereads
+// Every waiter of one Locker queues in the process. Across processes, an Acquire
+// that finds the lock held waits in the name's server-side line, as uniqueindex's
+// do (see its documentation): one statement enters the line and, once its turn
+// comes, takes the row if it is free (an INSERT ... ON CONFLICT DO UPDATE on
+// PostgreSQL, which sees the current row whatever the statement's start; an UPDATE
+// on MySQL), and the release gives the line lock back. Contended acquisitions are
+// granted in FIFO order across processes at two statements each. On PostgreSQL a
+// release sends a NOTIFY only if someone waits in the line. Without the line
+// (TryAcquire, reentrant acquisitions, a line that is off or full) a waiter rereads
 // and retries the swap after a wake-up (PostgreSQL NOTIFY) or a jittered backoff
 // (MySQL). The article this strategy comes from warns that many conflicting writers
-// burn round trips on failed swaps: for a single hot row, forupdate serialises them
-// in the database instead (see the README's measurements).
+// burn round trips on failed swaps: for a single hot row of your own, forupdate
+// serialises them in the database instead (see the README's measurements).
 //
 // # Failover
 //

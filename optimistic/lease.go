@@ -80,7 +80,7 @@ type keeper struct{ le *Lease }
 
 func (k keeper) KeepAlive(ctx context.Context) (time.Duration, error) {
 	le, b := k.le, k.le.l.b
-	return rowlease.Renewed(b.Changed(ctx, nil, b.Pick(renewPostgres, renewMySQL), renewArgs(b.Dialect, le.key, le.version, le.owner, le.ttl)...))
+	return rowlease.Renewed(b.Kept(ctx, le.turn, nil, b.Pick(renewPostgres, renewMySQL), renewArgs(b.Dialect, le.key, le.version, le.owner, le.ttl)...))
 }
 
 // renewArgs are the arguments of renewPostgres or renewMySQL.
@@ -142,7 +142,11 @@ func (le *Lease) release(ctx context.Context) (n, left int64, err error) {
 			}
 			return nil
 		})
-		return n, left, err
+		if err == nil || !t.Dirty() {
+			return n, left, err
+		}
+		// The turn's session failed (cut, or ended by the server): release through
+		// the pool; Leave discards the session, which frees the line lock.
 	}
 	if l.b.Dialect == sqllock.Postgres {
 		// An Exec: unlike a query with a context, it starts no goroutine of

@@ -359,8 +359,7 @@ func (a *attempt) tryOn(ctx context.Context, t *wait.Turn) (wait.Result, error) 
 // free (acquireLinePostgres, acquireLineMySQL).
 func (a *attempt) enter(ctx context.Context, t *wait.Turn) (wait.Result, error) {
 	l := a.l
-	lineWait := l.b.Line.Wait(ctx)
-	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), lineWait+l.b.Cfg.Attempt)
+	actx, cancel, lineWait := l.b.Line.EntryContext(ctx, l.b.Cfg.Attempt)
 	defer cancel()
 	us := a.ttl.Microseconds()
 	var res wait.Result

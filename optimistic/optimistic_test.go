@@ -76,6 +76,8 @@ func TestLocktest(t *testing.T) {
 				takeOver(t, admin, d, lease.Name())
 			},
 			PartitionBound: ttl + optimistic.DefaultPollInterval + time.Second,
+			// Contended acquisitions wait in the server-side line: two statements each.
+			ContendedStatements: 2.5,
 			NewDefault: func(t testing.TB, db *sql.DB) sqllock.Locker {
 				return newLocker(t, db, d)
 			},

@@ -100,7 +100,7 @@ type keeper struct{ le *Lease }
 func (k keeper) KeepAlive(ctx context.Context) (time.Duration, error) {
 	le, b := k.le, k.le.l.b
 	onRetry := func(err error) { le.l.transient("keepalive", err) }
-	return rowlease.Renewed(b.Changed(ctx, onRetry, b.Pick(renewPostgres, renewMySQL), renewArgs(b.Dialect, le.key, le.owner, le.token, le.ttl)...))
+	return rowlease.Renewed(b.Kept(ctx, le.turn, onRetry, b.Pick(renewPostgres, renewMySQL), renewArgs(b.Dialect, le.key, le.owner, le.token, le.ttl)...))
 }
 
 // renewArgs are the arguments of renewPostgres or renewMySQL.
@@ -153,7 +153,12 @@ func (le *Lease) delete(ctx context.Context) (int64, error) {
 		return n, nil
 	}
 	if t := le.turn; t.In() && !t.Dirty() {
-		return le.releaseInLine(ctx)
+		n, err := le.releaseInLine(ctx)
+		if err == nil || !t.Dirty() {
+			return n, err
+		}
+		// The turn's session failed (cut, or ended by the server): release through
+		// the pool; Leave discards the session, which frees the line lock.
 	}
 	// Exec, on both: the answer is in the row count (PostgreSQL: one row per
 	// deleted row, two for a row that was waited for) or the insert id (MySQL:

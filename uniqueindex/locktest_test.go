@@ -76,6 +76,8 @@ func TestLocktest(t *testing.T) {
 			// The row expires TTL after the last renewal; the waiter's poll lands at
 			// the expiry the database reported.
 			PartitionBound: ttl + DefaultPollInterval + time.Second,
+			// Contended acquisitions wait in the server-side line: two statements each.
+			ContendedStatements: 2.5,
 			NewDefault: func(t testing.TB, db *sql.DB) sqllock.Locker {
 				return newLocker(t, db, d)
 			},

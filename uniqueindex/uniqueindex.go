@@ -1,6 +1,6 @@
 // Package uniqueindex is a lease lock held as a row under a unique key: acquiring
-// inserts the row of the lock name into sqllock_lease (migration 0002), releasing
-// deletes it.
+// inserts the row of the lock name into sqllock_lease (migration 0002), or takes over
+// a free one; releasing deletes it (PostgreSQL) or frees it in place (MySQL).
 //
 // # Leases
 //
@@ -23,22 +23,28 @@
 //
 // # Fencing tokens
 //
-// Tokens come from the per-name counter in sqllock_fence (migration 0001), which
-// neither Release nor the reaper ever deletes and which is committed with the grant:
-//
-//   - PostgreSQL: one statement increments the counter (INSERT ... ON CONFLICT DO
-//     UPDATE, keeping the counter row locked until commit, so attempts on a name are
-//     serialised) and inserts or takes over the lease row with the new value.
-//   - MySQL: the counter is incremented first, then the lease row is written by an
-//     INSERT ... SELECT that reads the counter with a locking read (the latest
-//     committed value, whatever the isolation level) and inserts nothing if another
-//     attempt incremented it in between; that attempt is simply retried.
-//
 // So a token is strictly greater than every token granted before it for that name,
 // also after the row was deleted, after a reaper sweep and after a database restart
-// (committed rows survive it). Failed attempts consume values: tokens increase but
-// are not consecutive. Lease.Check verifies, inside the caller's own transaction, that
-// a lease is still the current holder.
+// (committed rows survive it):
+//
+//   - PostgreSQL: one statement increments the per-name counter in sqllock_fence
+//     (migration 0001; INSERT ... ON CONFLICT DO UPDATE, keeping the counter row
+//     locked until commit, so attempts on a name are serialised) and inserts or takes
+//     over the lease row with the new value. Release deletes the row; the counter
+//     stays.
+//   - MySQL: a lease row is kept while its name is in use: a release frees it in
+//     place (no hold, no owner, expired), and its token is the last one granted, so
+//     the statement that takes it over writes token + 1. A name without a row (first
+//     use, or swept by the reaper, which first raises the name's sqllock_fence
+//     counter to the row's token) continues from that counter, read with a locking
+//     read in the same INSERT (the latest committed value, whatever the isolation
+//     level). One statement, one commit. Do not delete rows of sqllock_lease by hand
+//     on MySQL: the token of the name would start again from sqllock_fence; use the
+//     reaper or sqllock force-release.
+//
+// Failed attempts consume values on PostgreSQL: tokens increase but are not
+// consecutive. Lease.Check verifies, inside the caller's own transaction, that a
+// lease is still the current holder.
 //
 // # Owners and reentrancy
 //
@@ -52,18 +58,52 @@
 //
 // # Waiting
 //
-// Acquire waits without holding a pooled connection. Goroutines of one Locker that
-// wait for the same name queue in FIFO order in the process and only the first one
-// sends attempts, so inside a process the lock is handed on in order with one
-// statement (two on MySQL) and no herd. On PostgreSQL an Acquire that has to wait
-// marks the lease row waited for in its failed attempt, and the release of a marked
-// row sends a NOTIFY in its DELETE statement (NOTIFY serialises the commits of the
-// whole database, so a lock nobody waits for does not send one; migration 0006 adds
-// the mark); one shared LISTEN connection per Locker (outside the pool, opened
-// when a waiter first has to wait, closed by Close) wakes the first waiter of each
-// Locker, and a fallback poll (at most the poll interval, or at the holder's expiry
-// as computed by the database) covers lost notifications and dead holders. On MySQL
-// waiters back off exponentially with jitter, capped at the poll interval.
+// Goroutines of one Locker that wait for the same name queue in FIFO order in the
+// process and only the first one sends attempts, so inside a process the lock is
+// handed on in order, with no herd.
+//
+// Across processes, an Acquire that finds the lock held waits in the server-side
+// line of the name (see internal/wait.Line): a session lock per name
+// (pg_advisory_lock; GET_LOCK on MySQL, namespaced by database) that the server
+// grants in the order of the requests. The waiter's statement enters the line and,
+// once its turn comes, makes its attempt; the holder that came through the line gives
+// the line lock back in its release statement, once its row is locked. So contended
+// acquisitions are granted in FIFO order across processes (a process that releases
+// and asks again queues behind the others), each costs two statements (attempt,
+// release) however many wait, and nobody polls. A Locker that saw contention on a
+// name in the last two seconds enters the line at once. The line is a waiting aid:
+// the lease row still decides who holds the lock. Its costs and limits:
+//
+//   - A waiter in line holds one pooled connection of its Locker, per name, from
+//     its entry until it gives the lock back (at most 16 per Locker, and a quarter
+//     of a bounded pool; beyond that, waiters wait without the line). That session
+//     carries a server-enforced bound (idle_session_timeout and tcp_user_timeout on
+//     PostgreSQL, wait_timeout on MySQL: the TTL), so a partitioned holder's line
+//     lock is freed by the server, like its lease.
+//   - A line lock held by a session that does not hold the lease (a frozen or
+//     partitioned holder, before the bound ends its session) delays each waiter by
+//     one entry's wait at most (the poll interval, at least a second): the waiter
+//     then attempts directly and takes the lock once the lease row is free, and does
+//     not use that name's line for 30 s.
+//   - Behind a transaction-pooling proxy (pgbouncer pool_mode=transaction) a
+//     session lock does not stay with its client: the first release that finds its
+//     line lock gone turns the Locker's line off (one warning), and its waiters wait
+//     as below.
+//   - On Galera, GET_LOCK is local to a node: processes on different nodes queue in
+//     different lines and meet at the lease row.
+//
+// Without the line (TryAcquire never waits; a reentrant acquisition does not queue;
+// a holder that did not come through the line), a waiter waits without holding a
+// pooled connection: on PostgreSQL its failed attempt marks the lease row waited for,
+// and the release of a marked row sends a NOTIFY in its DELETE statement (NOTIFY
+// serialises the commits of the whole database, so a lock nobody waits for does not
+// send one; migration 0006 adds the mark); one shared LISTEN connection per Locker
+// (outside the pool, opened when a waiter first has to wait, closed by Close) wakes
+// the first waiter of each Locker, and a fallback poll (at most the poll interval,
+// or at the holder's expiry as computed by the database) covers lost notifications
+// and dead holders. On MySQL such waiters back off exponentially with jitter, capped
+// at the poll interval, and a release that finds someone in the line makes its
+// Locker's next acquisition of the name queue there too.
 //
 // # Failover
 //
@@ -82,10 +122,10 @@
 //
 // # Cost
 //
-// Uncontended, Acquire+Release is two statements on PostgreSQL and three on MySQL
-// (fence increment, insert, delete; prepared once per Locker, so each is one round
-// trip with go-sql-driver's default settings). A renewal is one UPDATE per lease
-// every keep-alive interval.
+// Acquire+Release is two statements on both databases, contended or not (prepared
+// once per Locker on MySQL, so each is one round trip with go-sql-driver's default
+// settings; a turn in the line sends its two as text). A renewal is one UPDATE per
+// lease every keep-alive interval.
 package uniqueindex
 
 import (
@@ -321,10 +361,11 @@ func (l *Locker) fresh(ctx context.Context, res *attemptResult, key, owner []byt
 func (l *Locker) attempt(ctx context.Context, t *wait.Turn, enter bool, key []byte, name string, owner []byte, ttl time.Duration, reentrant, block bool) (attemptResult, error) {
 	actx, cancel := l.b.AttemptContext(ctx)
 	defer cancel()
+	var lineWait time.Duration
 	if enter {
 		// The entry waits in the server for its turn, up to the line's wait, and the
 		// attempt after it is bounded as usual.
-		actx, cancel = context.WithTimeout(context.WithoutCancel(ctx), l.b.Line.Wait(ctx)+l.b.Cfg.Attempt)
+		actx, cancel, lineWait = l.b.Line.EntryContext(ctx, l.b.Cfg.Attempt)
 		defer cancel()
 	}
 	us := ttl.Microseconds()
@@ -336,7 +377,7 @@ func (l *Locker) attempt(ctx context.Context, t *wait.Turn, enter bool, key []by
 		dest := []any{&tok, &holds, &rem}
 		if enter {
 			query = acquireLinePostgres
-			args = append(args, pin.Millis(l.b.Line.Wait(ctx)), pin.Millis(ttl), l.b.Line.PgKey(key))
+			args = append(args, pin.Millis(lineWait), pin.Millis(ttl), l.b.Line.PgKey(key))
 			dest = append(dest, &waited)
 		}
 		stmt := func(qctx context.Context, conn *sql.Conn) error {
@@ -370,7 +411,7 @@ func (l *Locker) attempt(ctx context.Context, t *wait.Turn, enter bool, key []by
 		r, err = l.exec(actx, acquireMySQL, key, []byte(name), owner, key, us, l.b.Host, l.b.PID,
 			owner, l.b.Host, l.b.PID, owner, reentrant, owner, owner, us)
 	} else {
-		q := l.acquireText(enter, key, name, owner, us, reentrant, l.b.Line.Wait(ctx))
+		q := l.acquireText(enter, key, name, owner, us, reentrant, lineWait)
 		err = t.Run(actx, "uniqueindex attempt", func(qctx context.Context, conn *sql.Conn) error {
 			start = l.b.Now()
 			r, err = conn.ExecContext(qctx, q)

@@ -290,13 +290,25 @@ func (t *Turn) Released(unlocked, inLine bool) {
 	}
 }
 
-// Wait is the longest wait of one entry, for the strategies' entry statements.
+// Wait is the longest wait of one entry, for the strategies' entry statements: the
+// line's, and never past ctx's deadline.
 func (ln *Line) Wait(ctx context.Context) time.Duration {
 	d := ln.wait
 	if dl, ok := ctx.Deadline(); ok {
 		d = min(d, max(time.Until(dl), time.Millisecond))
 	}
 	return d
+}
+
+// EntryContext bounds a statement that enters the line: its wait (Wait) and then an
+// attempt of at most attempt. Unlike an ordinary attempt's, it ends with ctx: a
+// waiter whose caller gives up is interrupted on the server (Turn.Run) rather than
+// left queued for the line lock; a grant that comes at that instant is given back by
+// the caller, as always.
+func (ln *Line) EntryContext(ctx context.Context, attempt time.Duration) (context.Context, context.CancelFunc, time.Duration) {
+	w := ln.Wait(ctx)
+	c, cancel := context.WithTimeout(ctx, w+attempt)
+	return c, cancel, w
 }
 
 // PgKey is the PostgreSQL advisory key of the line of key.

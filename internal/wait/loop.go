@@ -110,6 +110,9 @@ func (lp Loop) Run(ctx context.Context) (slot *Slot, turn *Turn, uncertain bool,
 				// The entry's wait ran out: attempt without the line at once.
 				turn.Leave(ctx)
 				turn, lineTimedOut, enterNext = nil, true, false
+				if ctx.Err() != nil {
+					return fail(sqllock.ErrNotAcquired, ctx.Err())
+				}
 				continue
 			case entering:
 				turn.Entered(true)
@@ -130,7 +133,7 @@ func (lp Loop) Run(ctx context.Context) (slot *Slot, turn *Turn, uncertain bool,
 			transient = 0
 			if useLine && turn == nil {
 				lp.Line.Saw(lp.Key)
-				if !lineTimedOut && !lp.Line.Stale(lp.Key) {
+				if !lineTimedOut && !lp.Line.Stale(lp.Key) && ctx.Err() == nil {
 					enterNext = true
 					continue // the entry waits: no sleep before it
 				}
