@@ -21,9 +21,10 @@ import (
 
 // The SQL of each dialect. Keys are SHA-256 of the name (namekey.Key); the original
 // bytes are stored in name for display only. An acquisition is one statement in its
-// transaction: a locking read that waits for the row lock and, unless WithoutToken,
-// once the lock is held, draws the new token from a source that is never rolled back
-// (a sequence, AUTO_INCREMENT) and stores it in the row, to commit with the work.
+// transaction (for the exceptions see the package documentation, Cost): a locking
+// read that waits for the row lock and, unless WithoutToken, once the lock is held,
+// draws the new token from a source that is never rolled back (a sequence,
+// AUTO_INCREMENT) and stores it in the row, to commit with the work.
 // Drawing the token after the wait is what keeps tokens in the order in which the
 // lock is granted: a token drawn before the wait could be granted after a larger one.
 const (
@@ -64,8 +65,9 @@ ORDER BY array_position($1, lock_key) LIMIT 1 FOR UPDATE SKIP LOCKED`
 	// stores the value drawn. (A volatile expression in a FROM-subquery of its own, or
 	// in the target list of the locking read, could run before the wait.) The
 	// statement returns the key, since and the token drawn, NULL while the server's
-	// run has no epoch yet (the row keeps its token then; see Locker.drawnPostgres);
-	// %[2]s is "" or ", " + pgResetTimeout. No row: the key has no row.
+	// run has no epoch yet (the row keeps its token then; see Locker.drawnPostgres),
+	// and %[2]s: "" or ", " + pgResetTimeout, which RETURNING evaluates on the
+	// updated row. No row: the key has no row (or, SKIP LOCKED, every row is held).
 	pgDrawFmt = `WITH t AS (SELECT lock_key, since, ` + fence.EpochPostgres + ` AS token FROM (%[1]s) l)
 UPDATE sqllock_rowlock r SET token = COALESCE(t.token, r.token), acquired_at = clock_timestamp()
 FROM t WHERE r.lock_key = t.lock_key RETURNING t.lock_key, t.since, t.token%[2]s`
@@ -83,11 +85,11 @@ VALUES ($1, $2, nextval('sqllock_rowlock_token_seq')) ON CONFLICT (lock_key) DO 
   floor(extract(epoch FROM (clock_timestamp() - state_change)) * 1000000)::bigint
 FROM pg_stat_activity WHERE pid = $1 AND backend_start <= $2 AND xact_start = $2`
 
-	// The MySQL statements that may wait carry a marker comment (the first verb) by
-	// which a waiting statement is found in the processlist to be interrupted, and
-	// start with "SELECT " or "REPLACE " (or "INSERT ") for serverWaitBound. The key
-	// (the second) is a hex literal; the third is "" or " NOWAIT". The session's id is
-	// not in them: it comes from the pinned session (pin.Pool.SessionID).
+	// The MySQL statements that may wait carry a marker comment (argument 1) by which
+	// a waiting statement is found in the processlist to be interrupted, and start
+	// with "SELECT " or "REPLACE " (or "INSERT ") for serverWaitBound. The key
+	// (argument 2) is a hex literal; argument 3 is "" or " NOWAIT". The session's id
+	// is not in them: it comes from the pinned session (pin.Pool.SessionID).
 	//
 	// myLockFmt is the locking read of leases without a token.
 	myLockFmt = `SELECT /* %[1]s */ lock_key FROM sqllock_rowlock WHERE lock_key = %[2]s FOR UPDATE%[3]s`
