@@ -17,7 +17,8 @@ import (
 var baselineNs, baselineWriteNs sync.Map
 
 // BenchmarkUncontended compares one Locker acquisition and release (Lock + Release,
-// i.e. BEGIN, locking read, token update, COMMIT; WithoutToken: no token update)
+// i.e. BEGIN, the locking statement that also draws the token, COMMIT; WithoutToken:
+// a plain locking read)
 // with a hand-written raw BEGIN / SELECT ... FOR UPDATE / COMMIT on the same row, in
 // the same run. x-raw-throughput is the Locker's throughput as a fraction of the raw
 // one.

@@ -10,13 +10,16 @@
 // exclusive row lock on that row inside an open transaction on one connection.
 // COMMIT (Lease.Release) or ROLLBACK (Lease.Rollback) releases the lock.
 //
-// Once the row lock is held, the acquisition draws its fencing token from a source
-// that a rollback does not undo (a PostgreSQL sequence; on MySQL the AUTO_INCREMENT
-// counter, by REPLACEing the locked row) and stores it in the row, where it commits or
-// rolls back with the business writes. So Lease.Token is strictly increasing per name
-// even across holders that rolled back or whose session died (a token incremented in
-// the row alone would be handed out again after such a holder, defeating fencing), and
-// the row shows the token of the last committed holder.
+// The statement that takes the row lock also draws the lease's fencing token, once
+// the lock is granted (after any wait for it, so tokens grow in the order the lock
+// is granted), from a source that a rollback does not undo (on PostgreSQL
+// epoch-prefixed values of a sequence, fence.EpochPostgres; on MySQL the
+// AUTO_INCREMENT counter, by REPLACEing the locked row), and stores it in the row,
+// where it commits or rolls back with the business writes. So Lease.Token is
+// strictly increasing per name even across holders that rolled back or whose session
+// died (a token incremented in the row alone would be handed out again after such a
+// holder, defeating fencing), and the row shows the token of the last committed
+// holder.
 //
 // Rows are created on first use with an autocommit INSERT, outside the waiting
 // transaction, so concurrent first use of a name neither deadlocks nor fails
@@ -110,15 +113,32 @@
 // wait in the process, holding no connection). Holders are not counted: bound them as
 // you bound any transaction.
 //
-// An acquisition costs four statements, contended or not: BEGIN, the locking read
-// (SELECT ... FOR UPDATE), the token statement, and COMMIT at release; three with
-// WithoutToken, as many as a hand-written locking transaction. A ctx deadline bounds
-// the wait on the server too, at no extra statement: on PostgreSQL a
-// transaction-local lock_timeout set by the locking read and reset by the token
-// statement (or by the locking read itself, WithoutToken); on MySQL a statement-scoped
-// innodb_lock_wait_timeout (SET STATEMENT on MariaDB, a SET_VAR hint on MySQL 8; the
-// server's version is asked once per Locker). A waiter sends nothing while it waits:
-// the database queues it on the row lock and wakes it when the holder ends.
+// An acquisition costs three statements, contended or not, with a token or
+// WithoutToken: BEGIN, the locking statement, and COMMIT at release, as many as a
+// hand-written SELECT ... FOR UPDATE transaction. With a token the locking statement
+// draws it too: on PostgreSQL an UPDATE of the row over the locking read (WITH ...
+// SELECT ... FOR UPDATE), whose token is computed on the row the locking read
+// returns, so once the lock is held; on MySQL a REPLACE of the row by a copy whose
+// name a SELECT ... FOR UPDATE subquery reads, which takes the lock before the insert
+// draws the AUTO_INCREMENT value. A ctx deadline bounds the wait on the server too, at no extra statement: on
+// PostgreSQL a transaction-local lock_timeout, set by the locking statement before
+// it waits and put back by the same statement once the lock is held; on MariaDB a
+// statement-scoped innodb_lock_wait_timeout (SET STATEMENT). MySQL 8 and later have
+// no statement-scoped bound but MAX_EXECUTION_TIME, which ends only a SELECT: there
+// an acquisition with a token and a ctx deadline waits in a bounded SELECT ... FOR
+// UPDATE and draws in a second statement, once the lock is held (four statements).
+// The server's version is asked once per Locker. A waiter sends nothing while it
+// waits: the database queues it on the row lock and wakes it when the holder ends.
+//
+// More statements: on MySQL, each pinned session (see WithTTL: a pooled connection
+// whose wait_timeout the Locker set, kept for reuse while the pool has room) is set
+// up, asked its CONNECTION_ID() once and put back when it returns to the pool; Release
+// after Tx was called checks the transaction before COMMIT; an isolation level other
+// than the default is one SET TRANSACTION; TryAcquireAny looks for missing rows
+// first and draws the token in a second statement. On PostgreSQL with a driver other
+// than pgx each attempt asks its session's pid (pg_backend_pid()). The first
+// acquisition of a name creates its row, and the first token of a PostgreSQL
+// server's run records the run's epoch (see fence.Drawn).
 //
 // Interrupting a waiter whose ctx ended needs no pooled connection on PostgreSQL with
 // pgx (cancel requests go out of band). On MySQL, KILL QUERY is sent from a pooled

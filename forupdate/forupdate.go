@@ -103,12 +103,13 @@ func WithKeepalive(interval time.Duration) Option {
 }
 
 // WithoutToken makes leases without a fencing token: Lease.Token returns 0 and the
-// acquisition sends no token statement, so that it is BEGIN, the locking read and, at
-// release, COMMIT, the cost of a hand-written SELECT ... FOR UPDATE transaction (one
-// more statement on MySQL, which checks the transaction before COMMIT). It is for
-// callers who only need the lock to be atomic with the writes they make in Lease.Tx
-// and who pass no fencing token to anything. The default draws a token per
-// acquisition, which on MySQL makes every acquisition a durable write.
+// locking statement is a plain SELECT ... FOR UPDATE that writes nothing, the
+// statement of a hand-written locking transaction. It is for callers who only need
+// the lock to be atomic with the writes they make in Lease.Tx and who pass no fencing
+// token to anything. The default draws a token in the locking statement (BEGIN, that
+// statement and COMMIT either way; see the package documentation for the
+// exceptions), which writes the row: on MySQL every acquisition then commits a
+// durable write.
 func WithoutToken() Option {
 	return func(c *config) error { c.noToken = true; return nil }
 }
@@ -181,7 +182,7 @@ func New(db *sql.DB, d sqllock.Dialect, opts ...Option) (*Locker, error) {
 	l := &Locker{
 		db: db, dialect: d, cfg: cfg, waiters: make(chan struct{}, cfg.maxWaiters),
 		pins: pin.New(db, d, cfg.Timing.TTL, cfg.Logger),
-		pg:   newPgStatements(cfg.Timing.TTL), myMaria: newMyStatements(flavorMariaDB), myOracle: newMyStatements(flavorMySQL8),
+		pg:   newPgStatements(cfg.Timing.TTL, !cfg.noToken), myMaria: newMyStatements(flavorMariaDB), myOracle: newMyStatements(flavorMySQL8),
 		guard: cfg.Guard(db, d, "forupdate", true),
 	}
 	if cfg.isolation != sql.LevelDefault {
@@ -244,8 +245,10 @@ func (l *Locker) TryAcquire(ctx context.Context, name string, opts ...sqllock.Ac
 // Lock waits until it holds the lock name or ctx ends, and returns the lease, whose
 // Tx is the open transaction holding the row lock. The waiting happens in the
 // database, on one pooled connection (see WithMaxWaiters). A deadline of ctx becomes
-// a server-side bound of the wait (PostgreSQL: lock_timeout; MySQL: a
-// statement-scoped innodb_lock_wait_timeout, rounded up to whole seconds). When ctx
+// a server-side bound of the wait (PostgreSQL: lock_timeout; MariaDB: a
+// statement-scoped innodb_lock_wait_timeout, rounded up to whole seconds; MySQL 8 and
+// later: MAX_EXECUTION_TIME of a SELECT, which then costs a second statement to draw
+// the token). When ctx
 // ends first, the wait is interrupted without taking a pooled connection if none is
 // free: on PostgreSQL with pgx by out-of-band cancel requests; otherwise by KILL QUERY
 // (pg_cancel_backend) from a connection that is free at once, or else by closing the
@@ -336,7 +339,9 @@ func (l *Locker) WithLock(ctx context.Context, name string, fn func(ctx context.
 // (one more round trip for each missing row). On MySQL the rows are checked and
 // created before the transaction, with one more statement per call, because at
 // REPEATABLE READ the locking read would gap-lock every missing key it probes for the
-// whole lease, blocking the creation of those names' rows.
+// whole lease, blocking the creation of those names' rows; and the token is drawn by
+// a second statement once the row is locked (the REPLACE that draws it replaces a
+// row named in advance). On PostgreSQL the locking statement draws it.
 func (l *Locker) TryAcquireAny(ctx context.Context, names []string) (*Lease, error) {
 	const op = "try-acquire-any"
 	if len(names) == 0 {
@@ -460,11 +465,12 @@ func (l *Locker) acquireLoop(ctx context.Context, op, name string, m mode, grant
 }
 
 // waitTarget identifies the session of an attempt, so that a statement of it that
-// waits can be interrupted from outside: the backend pid (and, with pgx, the
-// connection for out-of-band cancel requests) on PostgreSQL, a marker comment in the
-// statement text on MySQL.
+// waits can be interrupted from outside, and so that the lease can find and end it:
+// its id (the backend pid on PostgreSQL, with pgx also the connection for
+// out-of-band cancel requests; the connection id on MySQL) and a marker comment put
+// in the text of the MySQL statements that may wait.
 type waitTarget struct {
-	pid    int64
+	pid    int64 // the session's id: pg_backend_pid() or CONNECTION_ID()
 	pgc    *pgconn.PgConn
 	marker string
 	flavor int32 // MySQL: server flavour, for serverWaitBound
@@ -475,9 +481,11 @@ func (l *Locker) newTarget(ctx context.Context, conn *sql.Conn) (waitTarget, err
 	var err error
 	if l.dialect == sqllock.Postgres {
 		t.pid, t.pgc, err = pgSession(ctx, conn)
-	} else {
-		t.flavor = l.myFlavor(ctx, conn)
+		return t, err
 	}
+	t.flavor = l.myFlavor(ctx, conn)
+	// Asked once per pinned session: the locking statement (a REPLACE) cannot return it.
+	t.pid, err = l.pins.SessionID(ctx, conn)
 	return t, err
 }
 
@@ -533,7 +541,7 @@ func (l *Locker) attempt(ctx context.Context, op, name string, key []byte, m mod
 		if err != nil {
 			return nil, l.classify(op, name, err)
 		}
-		g, dirty, err := l.lockRow(ctx, tx, target, key, name, m, granted)
+		g, dirty, err := l.lockRow(ctx, tx, target, key, m, granted)
 		discard = discard || dirty
 		if err == nil && !discard {
 			keep = true
@@ -581,14 +589,10 @@ func (l *Locker) classify(op, name string, err error) error {
 	return lease.NewError(op, l.dialect, name, nil, err)
 }
 
-// bumpPostgres runs bump (pgBump or pgBumpReset) in tx and returns the token it drew;
-// the first time in a server run, when the run has no epoch yet, it records the
-// epoch (fence.Drawn), draws again and stores that token.
-func (l *Locker) bumpPostgres(ctx context.Context, tx *sql.Tx, bump string, key []byte) (int64, error) {
-	var drawn sql.NullInt64
-	if err := tx.QueryRowContext(ctx, bump, key).Scan(&drawn); err != nil {
-		return 0, err
-	}
+// drawnPostgres returns the token that pgDrawFmt drew (drawn); the first time in a
+// server run, when the run has no epoch yet and drawn is NULL, it records the epoch
+// (fence.Drawn), draws again and stores that token in the row of key.
+func (l *Locker) drawnPostgres(ctx context.Context, tx *sql.Tx, drawn sql.NullInt64, key []byte) (int64, error) {
 	if drawn.Valid {
 		return drawn.Int64, nil
 	}
@@ -600,12 +604,28 @@ func (l *Locker) bumpPostgres(ctx context.Context, tx *sql.Tx, bump string, key 
 	return tok, err
 }
 
-// lockRow takes the row lock of key in tx, then, unless WithoutToken, draws the new
-// token and stores it in the row. It returns errNoRow if the row does not exist, in
+// pgScan scans a row of one of l's PostgreSQL locking statements (pgStatements):
+// the key, since, the token drawn (unless WithoutToken) and, if reset, the value of
+// pgResetTimeout.
+func (l *Locker) pgScan(row *sql.Row, key *[]byte, since *time.Time, drawn *sql.NullInt64, reset bool) error {
+	dest := []any{key, since}
+	if !l.cfg.noToken {
+		dest = append(dest, drawn)
+	}
+	if reset {
+		var s sql.NullString
+		dest = append(dest, &s)
+	}
+	return row.Scan(dest...)
+}
+
+// lockRow takes the row lock of key in tx and, unless WithoutToken, draws the new
+// token and stores it in the row, in one statement (on MySQL 8 and later with a ctx
+// deadline, two: see below). It returns errNoRow if the row does not exist, in
 // modeTry a LockTimeout-class error when the row is locked, and ctx's error when ctx
 // ended. dirty reports that the session must be discarded (see watched). granted is
 // called as soon as the row lock is held.
-func (l *Locker) lockRow(ctx context.Context, tx *sql.Tx, target waitTarget, key []byte, name string, m mode, granted func()) (g grant, dirty bool, err error) {
+func (l *Locker) lockRow(ctx context.Context, tx *sql.Tx, target waitTarget, key []byte, m mode, granted func()) (g grant, dirty bool, err error) {
 	var deadline time.Time
 	hasDeadline := false
 	if m == modeWait {
@@ -616,61 +636,88 @@ func (l *Locker) lockRow(ctx context.Context, tx *sql.Tx, target waitTarget, key
 			return g, false, ctx.Err()
 		}
 	}
-	// Statements that do not wait get ctx; the waiting one runs under watched.
-	nctx := context.WithoutCancel(ctx)
+	g.sid = target.pid
 	sent := time.Now()
 	if l.dialect == sqllock.Postgres {
-		g.sid = target.pid
-		bump := pgBump
+		stmt, args, bounded := l.pg.lock, []any{key}, false
 		switch {
 		case m == modeTry:
-			err = tx.QueryRowContext(ctx, l.pg.try, key).Scan(&g.since)
-		case !hasDeadline:
-			dirty, err = l.watched(ctx, target, false, func(qctx context.Context) error {
-				return tx.QueryRowContext(qctx, l.pg.lock, key).Scan(&g.since)
+			stmt = l.pg.try
+		case hasDeadline:
+			stmt, bounded = l.pg.lockTimeout, true
+			args = append(args, fmt.Sprintf("%dms", time.Until(deadline).Milliseconds()+1))
+		}
+		var got []byte
+		var drawn sql.NullInt64
+		if m == modeTry {
+			// Statements that do not wait get ctx; the waiting one runs under watched.
+			err = l.pgScan(tx.QueryRowContext(ctx, stmt, args...), &got, &g.since, &drawn, bounded)
+		} else {
+			dirty, err = l.watched(ctx, target, bounded, func(qctx context.Context) error {
+				return l.pgScan(tx.QueryRowContext(qctx, stmt, args...), &got, &g.since, &drawn, bounded)
 			})
-		default:
-			timeout := fmt.Sprintf("%dms", time.Until(deadline).Milliseconds()+1)
-			dirty, err = l.watched(ctx, target, true, func(qctx context.Context) error {
-				if l.cfg.noToken {
-					var reset string
-					return tx.QueryRowContext(qctx, l.pg.lockTimeoutReset, key, timeout).Scan(&g.since, &reset)
-				}
-				return tx.QueryRowContext(qctx, l.pg.lockTimeout, key, timeout).Scan(&g.since)
-			})
-			bump = pgBumpReset
 		}
 		g.at = l.boundStart(sent)
 		if err = l.locked(ctx, err, dirty, granted); err != nil || l.cfg.noToken {
 			return g, dirty, err
 		}
-		g.at = time.Now()
-		g.token, err = l.bumpPostgres(nctx, tx, bump, key)
+		g.token, err = l.drawnPostgres(context.WithoutCancel(ctx), tx, drawn, key)
 		return g, false, err
 	}
 	g.since = sent
-	if m == modeTry {
-		err = tx.QueryRowContext(ctx, fmt.Sprintf(myTryFmt, hexLit(key))).Scan(&g.sid)
-	} else {
-		query := fmt.Sprintf(myLockFmt, target.marker, hexLit(key))
-		if hasDeadline {
-			query = serverWaitBound(target.flavor, time.Until(deadline), query)
+	draw := !l.cfg.noToken
+	stmt := myLocking(draw, target.marker, key, m == modeTry)
+	drawAfter := false // the token is drawn by a second statement, once the lock is held
+	if hasDeadline {
+		wait := time.Until(deadline)
+		if bounded, ok := serverWaitBound(target.flavor, wait, stmt); ok {
+			stmt = bounded
+		} else if bounded, ok := serverWaitBound(target.flavor, wait, myLocking(false, target.marker, key, false)); ok && draw {
+			// MySQL 8 and later bound only a SELECT's wait (MAX_EXECUTION_TIME), and
+			// only an INSERT or REPLACE draws an AUTO_INCREMENT value: wait in the
+			// bounded locking read, then draw, the lock held, with the statement of
+			// TryLock (one more statement).
+			stmt, draw, drawAfter = bounded, false, true
 		}
+	}
+	if m == modeTry {
+		g.token, err = myRun(ctx, tx, stmt, draw)
+	} else {
 		dirty, err = l.watched(ctx, target, false, func(qctx context.Context) error {
-			return tx.QueryRowContext(qctx, query).Scan(&g.sid)
+			tok, err := myRun(qctx, tx, stmt, draw)
+			g.token = tok
+			return err
 		})
 	}
 	g.at = l.boundStart(sent)
-	if err = l.locked(ctx, err, dirty, granted); err != nil || l.cfg.noToken {
+	if err = l.locked(ctx, err, dirty, granted); err != nil || !drawAfter {
 		return g, dirty, err
 	}
 	g.at = time.Now()
-	g.token, err = myReplace(nctx, tx, key, name)
+	g.token, err = myRun(context.WithoutCancel(ctx), tx, myLocking(true, target.marker, key, true), true)
 	return g, false, err
 }
 
-// locked maps the outcome of a locking read: errNoRow, the statement's error, or, if
-// the lock was granted, ctx's error if ctx ended (the caller gives the lock back).
+// myRun runs stmt, a statement of myLocking, in tx: with draw (myDrawFmt) it returns
+// the token drawn; either way sql.ErrNoRows if the key has no row.
+func myRun(ctx context.Context, tx *sql.Tx, stmt string, draw bool) (int64, error) {
+	if !draw {
+		var key []byte
+		return 0, tx.QueryRowContext(ctx, stmt).Scan(&key)
+	}
+	res, err := tx.ExecContext(ctx, stmt)
+	if sqlerr.IsCode(err, "1048") {
+		return 0, sql.ErrNoRows // the copy's name is NULL: no row
+	}
+	if err != nil {
+		return 0, err
+	}
+	return res.LastInsertId()
+}
+
+// locked maps the outcome of a locking statement: errNoRow, the statement's error,
+// or, if the lock was granted, ctx's error if ctx ended (the caller gives the lock
+// back).
 func (l *Locker) locked(ctx context.Context, err error, dirty bool, granted func()) error {
 	if errors.Is(err, sql.ErrNoRows) {
 		return errNoRow
@@ -686,15 +733,6 @@ func (l *Locker) locked(ctx context.Context, err error, dirty bool, granted func
 		return errors.New("session discarded")
 	}
 	return nil
-}
-
-// myReplace replaces the locked row of key (see myBumpFmt) and returns its new token.
-func myReplace(ctx context.Context, tx *sql.Tx, key []byte, name string) (int64, error) {
-	res, err := tx.ExecContext(ctx, fmt.Sprintf(myBumpFmt, hexLit(key), hexLit([]byte(name))))
-	if err != nil {
-		return 0, err
-	}
-	return res.LastInsertId()
 }
 
 // errRowBusy: a MySQL INSERT creating a lock row waited for a row lock, so the row
@@ -718,7 +756,7 @@ func (l *Locker) createRow(ctx context.Context, conn *sql.Conn, target waitTarge
 	}
 	stmt := fmt.Sprintf(myCreateFmt, target.marker)
 	if deadline, ok := wctx.Deadline(); ok {
-		stmt = serverWaitBound(target.flavor, time.Until(deadline), stmt)
+		stmt, _ = serverWaitBound(target.flavor, time.Until(deadline), stmt)
 	}
 	dirty, err = l.watched(wctx, target, false, func(qctx context.Context) error {
 		_, err := conn.ExecContext(qctx, stmt, key, []byte(name))
@@ -806,19 +844,21 @@ func (l *Locker) anyAttempt(ctx context.Context, op string, keys [][]byte, names
 		}
 		var key []byte
 		var g grant
+		g.sid = target.pid
 		g.at, g.since = time.Now(), time.Now()
 		if l.dialect == sqllock.Postgres {
-			g.sid = target.pid
-			err = tx.QueryRowContext(ctx, l.pg.any, keys).Scan(&key, &g.since)
+			var drawn sql.NullInt64
+			err = l.pgScan(tx.QueryRowContext(ctx, l.pg.any, keys), &key, &g.since, &drawn, false)
 			if err == nil && !l.cfg.noToken {
-				g.token, err = l.bumpPostgres(ctx, tx, pgBump, key)
+				g.token, err = l.drawnPostgres(ctx, tx, drawn, key)
 			}
 		} else {
-			var name []byte
 			q := fmt.Sprintf(myAnyFmt, placeholders(len(keys)))
-			err = tx.QueryRowContext(ctx, q, anyArgs(keys, 1)...).Scan(&key, &name, &g.sid)
+			err = tx.QueryRowContext(ctx, q, anyArgs(keys, 1)...).Scan(&key)
 			if err == nil && !l.cfg.noToken {
-				g.token, err = myReplace(ctx, tx, key, string(name))
+				// The lock is held: the statement of TryLock draws the token without
+				// waiting. (It replaces a row named in advance: it cannot pick one.)
+				g.token, err = myRun(ctx, tx, myLocking(true, target.marker, key, true), true)
 			}
 		}
 		if err == nil && ctx.Err() == nil {

@@ -20,46 +20,57 @@ import (
 )
 
 // The SQL of each dialect. Keys are SHA-256 of the name (namekey.Key); the original
-// bytes are stored in name for display only. An acquisition is two statements in its
-// transaction: a locking read that waits for the row lock, then, once the lock is
-// held, one that draws the new token from a source that is never rolled back (a
-// sequence, AUTO_INCREMENT) and stores it in the row, to commit with the work.
+// bytes are stored in name for display only. An acquisition is one statement in its
+// transaction (for the exceptions see the package documentation, Cost): a locking
+// read that waits for the row lock and, unless WithoutToken, once the lock is held,
+// draws the new token from a source that is never rolled back (a sequence,
+// AUTO_INCREMENT) and stores it in the row, to commit with the work.
+// Drawing the token after the wait is what keeps tokens in the order in which the
+// lock is granted: a token drawn before the wait could be granted after a larger one.
 const (
-	// The PostgreSQL locking reads return now(), the start of the transaction: a time
-	// at which the session was alive, against which the keepalive compares
-	// backend_start and xact_start. They also set the transaction's server-enforced
-	// bound, transaction-locally (put back by COMMIT or ROLLBACK): %[1]s stands for
-	// boundNow (see pgStatements).
-	pgLockFmt = `SELECT %[1]s FROM sqllock_rowlock WHERE lock_key = $1 FOR UPDATE`
+	// The PostgreSQL locking reads return the row's key and, as since, now(), the
+	// start of the transaction: a time at which the session was alive, against which
+	// the keepalive compares backend_start and xact_start. They also set the
+	// transaction's server-enforced bound, transaction-locally (put back by COMMIT or
+	// ROLLBACK): %[1]s stands for boundNow (see newPgStatements). Their target list is
+	// computed by the scan below the row locking, so before the wait: nothing in it
+	// may depend on the lock being held.
+	pgLockFmt = `SELECT lock_key, %[1]s AS since FROM sqllock_rowlock WHERE lock_key = $1 FOR UPDATE`
 	// pgLockTimeoutFmt is pgLock with a lock_timeout of $2 set for the rest of the
 	// transaction before the wait starts: set_config in the row filter is volatile,
-	// so it runs for the matching row, before the row is locked. pgBumpReset puts the
-	// session's value back (set_config with a NULL value is a RESET; a lookup in
-	// pg_settings costs half a millisecond).
-	pgLockTimeoutFmt = `SELECT %[1]s FROM sqllock_rowlock WHERE lock_key = $1
+	// so it runs for the matching row, before the row is locked. pgResetTimeout, run
+	// once the lock is held, puts the session's value back.
+	pgLockTimeoutFmt = `SELECT lock_key, %[1]s AS since FROM sqllock_rowlock WHERE lock_key = $1
 AND set_config('lock_timeout', $2, true) IS NOT NULL FOR UPDATE`
-	// pgLockTimeoutResetFmt is pgLockTimeout for leases without a token: the outer
+	pgTryFmt = `SELECT lock_key, %[1]s AS since FROM sqllock_rowlock WHERE lock_key = $1 FOR UPDATE NOWAIT`
+	// pgAnyFmt takes the first free row of $1, in the order given, skipping locked rows.
+	pgAnyFmt = `SELECT lock_key, %[1]s AS since FROM sqllock_rowlock WHERE lock_key = ANY($1)
+ORDER BY array_position($1, lock_key) LIMIT 1 FOR UPDATE SKIP LOCKED`
+	// pgResetTimeout puts the session's lock_timeout back (set_config with a NULL
+	// value is a RESET; a lookup in pg_settings costs half a millisecond). It must
+	// run on a row that came out of the locking read, once the lock is held.
+	pgResetTimeout = `set_config('lock_timeout', NULL, true)`
+	// pgResetFmt wraps a locking read (%s) for leases without a token: the outer
 	// target list runs on the rows that come out of the locking subquery, so once the
 	// row lock is held, and puts the session's lock_timeout back in the same statement.
-	pgLockTimeoutResetFmt = `SELECT %[1]s, set_config('lock_timeout', NULL, true)
-FROM (SELECT 1 FROM sqllock_rowlock WHERE lock_key = $1
-AND set_config('lock_timeout', $2, true) IS NOT NULL FOR UPDATE) l`
-	pgTryFmt = `SELECT %[1]s FROM sqllock_rowlock WHERE lock_key = $1 FOR UPDATE NOWAIT`
-	// pgAnyFmt takes the first free row of $1, in the order given, skipping locked rows.
-	pgAnyFmt = `SELECT lock_key, %[1]s FROM sqllock_rowlock WHERE lock_key = ANY($1)
-ORDER BY array_position($1, lock_key) LIMIT 1 FOR UPDATE SKIP LOCKED`
-	// pgBump draws the lease's token with fence.EpochPostgres (strictly larger than
-	// every token drawn before, across crashes: a bare sequence may hand out again,
-	// after a crash, a value whose WAL was not flushed, though a holder may have
-	// shown it to a resource already) and stores it in the row. It returns the
-	// token drawn, NULL while the server's run has no epoch yet (the row keeps its
-	// token then; see Locker.bumpPostgres).
-	pgBump = `UPDATE sqllock_rowlock SET token = COALESCE(e.t, sqllock_rowlock.token), acquired_at = clock_timestamp()
-FROM (SELECT ` + fence.EpochPostgres + ` AS t) e WHERE lock_key = $1 RETURNING e.t`
-	pgBumpReset = `UPDATE sqllock_rowlock SET token = COALESCE(e.t, sqllock_rowlock.token), acquired_at = clock_timestamp()
-FROM (SELECT ` + fence.EpochPostgres + ` AS t) e WHERE lock_key = $1
-AND set_config('lock_timeout', NULL, true) IS NOT NULL
-RETURNING e.t`
+	pgResetFmt = `SELECT lock_key, since, ` + pgResetTimeout + ` FROM (%s) l`
+	// pgDrawFmt wraps a locking read (%[1]s) so that the same statement draws the
+	// lease's token and stores it in the row. The token, fence.EpochPostgres (strictly
+	// larger than every token drawn before, across crashes: a bare sequence may hand
+	// out again, after a crash, a value whose WAL was not flushed, though a holder may
+	// have shown it to a resource already), is computed by the target list of t over
+	// the rows of the locking subquery, so only for a row whose lock is held, after
+	// any wait for it; t is materialised once (it is volatile), so the UPDATE, even
+	// when it rechecks a row that a holder updated during the wait (READ COMMITTED),
+	// stores the value drawn. (A volatile expression in a FROM-subquery of its own, or
+	// in the target list of the locking read, could run before the wait.) The
+	// statement returns the key, since and the token drawn, NULL while the server's
+	// run has no epoch yet (the row keeps its token then; see Locker.drawnPostgres),
+	// and %[2]s: "" or ", " + pgResetTimeout, which RETURNING evaluates on the
+	// updated row. No row: the key has no row (or, SKIP LOCKED, every row is held).
+	pgDrawFmt = `WITH t AS (SELECT lock_key, since, ` + fence.EpochPostgres + ` AS token FROM (%[1]s) l)
+UPDATE sqllock_rowlock r SET token = COALESCE(t.token, r.token), acquired_at = clock_timestamp()
+FROM t WHERE r.lock_key = t.lock_key RETURNING t.lock_key, t.since, t.token%[2]s`
 	pgSetToken = `UPDATE sqllock_rowlock SET token = $2 WHERE lock_key = $1`
 	pgExisting = `SELECT lock_key FROM sqllock_rowlock WHERE lock_key = ANY($1)`
 	pgCreate   = `INSERT INTO sqllock_rowlock (lock_key, name, token)
@@ -74,23 +85,35 @@ VALUES ($1, $2, nextval('sqllock_rowlock_token_seq')) ON CONFLICT (lock_key) DO 
   floor(extract(epoch FROM (clock_timestamp() - state_change)) * 1000000)::bigint
 FROM pg_stat_activity WHERE pid = $1 AND backend_start <= $2 AND xact_start = $2`
 
-	// The MySQL locking reads return the session id, and carry a marker comment
-	// (%s) by which a waiting statement is found in the processlist to be
-	// interrupted; the connection id is not known before the statement returns.
-	// Statements that may wait start with "SELECT " or "INSERT " so that
-	// serverWaitBound can give them a server-side bound.
-	myLockFmt = `SELECT /* %s */ CONNECTION_ID() FROM sqllock_rowlock WHERE lock_key = %s FOR UPDATE`
-	myTryFmt  = `SELECT CONNECTION_ID() FROM sqllock_rowlock WHERE lock_key = %s FOR UPDATE NOWAIT`
+	// The MySQL statements that may wait carry a marker comment (argument 1) by which
+	// a waiting statement is found in the processlist to be interrupted, and start
+	// with "SELECT " or "REPLACE " (or "INSERT ") for serverWaitBound. The key
+	// (argument 2) is a hex literal; argument 3 is "" or " NOWAIT". The session's id
+	// is not in them: it comes from the pinned session (pin.Pool.SessionID).
+	//
+	// myLockFmt is the locking read of leases without a token.
+	myLockFmt = `SELECT /* %[1]s */ lock_key FROM sqllock_rowlock WHERE lock_key = %[2]s FOR UPDATE%[3]s`
+	// myDrawFmt takes the row lock and draws the lease's token in one statement: it
+	// replaces the locked row by a copy, which draws a new AUTO_INCREMENT token (the
+	// statement's insert id; AUTO_INCREMENT values are not reused after a rollback).
+	// The copy's name is read by a locking read in a derived table (a subquery of the
+	// table being written is refused otherwise, error 1093), which the server
+	// evaluates, waiting for the row lock if need be, before the insert draws its
+	// value. It is a single-row REPLACE ... VALUES, which InnoDB's consecutive
+	// AUTO_INCREMENT lock mode (MariaDB's default) serves under a short mutex: a
+	// REPLACE ... SELECT would take the table's AUTO-INC lock for the statement, and
+	// an INSERT creating a row (createRow), then also taking it, would hold it while
+	// it waits for that row's lock, stalling every other acquisition. The conflict is
+	// on the primary key, not the last unique key, so the server deletes and inserts
+	// rather than updating in place. No row: the name is NULL, error 1048.
+	myDrawFmt = `REPLACE /* %[1]s */ INTO sqllock_rowlock (lock_key, name, acquired_at) VALUES (%[2]s,
+(SELECT name FROM (SELECT name FROM sqllock_rowlock WHERE lock_key = %[2]s FOR UPDATE%[3]s) l), UTC_TIMESTAMP(6))`
 	// myAnyFmt has no ORDER BY: InnoDB would lock every row it reads for the sort,
 	// not only the one LIMIT keeps. Without it, rows are read (and the first free one
 	// locked) in key order. Every key in the list must have a row: at REPEATABLE READ a
 	// missing key would be gap-locked for the whole lease (see ensureRows).
-	myAnyFmt = `SELECT lock_key, name, CONNECTION_ID() FROM sqllock_rowlock WHERE lock_key IN (%s)
+	myAnyFmt = `SELECT lock_key FROM sqllock_rowlock WHERE lock_key IN (%s)
 LIMIT 1 FOR UPDATE SKIP LOCKED`
-	// myBumpFmt replaces the locked row by a new one, which draws a new AUTO_INCREMENT
-	// token (the statement's insert id). The conflict is on the primary key, not the
-	// last unique key, so the server deletes and inserts rather than updating in place.
-	myBumpFmt     = `REPLACE INTO sqllock_rowlock (lock_key, name, acquired_at) VALUES (%s, %s, UTC_TIMESTAMP(6))`
 	myExistingFmt = `SELECT lock_key FROM sqllock_rowlock WHERE lock_key IN (%s)`
 	// A duplicate key (1062) means the row exists: the goal. INSERT IGNORE is not
 	// used because it also hides truncation and other errors.
@@ -99,24 +122,55 @@ LIMIT 1 FOR UPDATE SKIP LOCKED`
 	myCommitted = `SELECT token FROM sqllock_rowlock WHERE lock_key = ?`
 )
 
-// pgStatements are the PostgreSQL locking reads of a Locker whose transactions are
-// bounded by ttl.
-type pgStatements struct {
-	lock, lockTimeout, lockTimeoutReset, try, any string
+// myLocking returns the MySQL statement that takes the row lock of key (and, with
+// draw, draws the token: myDrawFmt), with marker, not waiting if nowait.
+func myLocking(draw bool, marker string, key []byte, nowait bool) string {
+	format, tail := myLockFmt, ""
+	if draw {
+		format = myDrawFmt
+	}
+	if nowait {
+		tail = " NOWAIT"
+	}
+	return fmt.Sprintf(format, marker, hexLit(key), tail)
 }
 
-// newPgStatements builds them. boundNow is now(), computed once the settings that
-// bound the transaction are in place: idle_in_transaction_session_timeout (the
-// server ends a transaction idle for longer) and tcp_user_timeout (and a session
-// whose client stopped acknowledging), both transaction-local.
-func newPgStatements(ttl time.Duration) pgStatements {
+// pgStatements are the PostgreSQL statements of a Locker's acquisitions: the
+// locking reads, wrapped in pgDrawFmt unless WithoutToken. Each returns the key and
+// since, then the token drawn (with a token), then, for lockTimeout, the value of
+// pgResetTimeout.
+type pgStatements struct {
+	lock, lockTimeout, try, any string
+}
+
+// newPgStatements builds them for transactions bounded by ttl. boundNow is now(),
+// computed once the settings that bound the transaction are in place:
+// idle_in_transaction_session_timeout (the server ends a transaction idle for
+// longer) and tcp_user_timeout (and a session whose client stopped acknowledging),
+// both transaction-local.
+func newPgStatements(ttl time.Duration, token bool) pgStatements {
 	ms := "'" + pin.Millis(ttl) + "'"
 	boundNow := "(CASE WHEN set_config('idle_in_transaction_session_timeout', " + ms + ", true) || " +
 		"set_config('tcp_user_timeout', " + ms + ", true) IS NOT NULL THEN now() END)"
-	f := func(format string) string { return fmt.Sprintf(format, boundNow) }
+	read := func(format string) string { return fmt.Sprintf(format, boundNow) }
+	wrap := func(read string, reset bool) string {
+		if token {
+			tail := ""
+			if reset {
+				tail = ", " + pgResetTimeout
+			}
+			return fmt.Sprintf(pgDrawFmt, read, tail)
+		}
+		if reset {
+			return fmt.Sprintf(pgResetFmt, read)
+		}
+		return read
+	}
 	return pgStatements{
-		lock: f(pgLockFmt), lockTimeout: f(pgLockTimeoutFmt), lockTimeoutReset: f(pgLockTimeoutResetFmt),
-		try: f(pgTryFmt), any: f(pgAnyFmt),
+		lock:        wrap(read(pgLockFmt), false),
+		lockTimeout: wrap(read(pgLockTimeoutFmt), true),
+		try:         wrap(read(pgTryFmt), false),
+		any:         wrap(read(pgAnyFmt), false),
 	}
 }
 
@@ -316,26 +370,28 @@ func atoi(s string) int {
 	return n
 }
 
-// serverWaitBound returns stmt (a MySQL statement starting with "SELECT " or
-// "INSERT ") with a server-side bound of its wait of about wait, for the server's
-// flavour f: a backstop that ends the wait on the server even if the client can no
-// longer interrupt it. MariaDB takes a statement-scoped innodb_lock_wait_timeout in
-// whole seconds (rounded up); MySQL ignores that as a hint (warning 3637) but ends a
-// SELECT at MAX_EXECUTION_TIME (error 3024). An INSERT on MySQL gets no bound: it
-// only waits for a row that exists, and then fails with a duplicate key anyway.
-func serverWaitBound(f int32, wait time.Duration, stmt string) string {
+// serverWaitBound returns stmt (a MySQL statement starting with "SELECT ",
+// "REPLACE " or "INSERT ") with a server-side bound of its wait of about wait, for
+// the server's flavour f, and whether it could give it one: a backstop that ends the
+// wait on the server even if the client can no longer interrupt it. MariaDB takes a
+// statement-scoped innodb_lock_wait_timeout in whole seconds (rounded up), for any
+// statement; MySQL ignores that as a hint (warning 3637) but ends a SELECT at
+// MAX_EXECUTION_TIME (error 3024), and has no statement-scoped bound for anything
+// else. (An INSERT creating a lock row only waits for a row that exists, and then
+// fails with a duplicate key anyway.)
+func serverWaitBound(f int32, wait time.Duration, stmt string) (string, bool) {
 	switch f {
 	case flavorMariaDB:
 		secs := int64((wait + time.Second - 1) / time.Second)
 		secs = min(max(secs, 1), 100000000)
-		return fmt.Sprintf("SET STATEMENT innodb_lock_wait_timeout = %d FOR %s", secs, stmt)
+		return fmt.Sprintf("SET STATEMENT innodb_lock_wait_timeout = %d FOR %s", secs, stmt), true
 	case flavorMySQL8:
 		if strings.HasPrefix(stmt, "SELECT ") {
 			ms := min(max(int64((wait+time.Millisecond-1)/time.Millisecond), 1), 4294967295)
-			return fmt.Sprintf("SELECT /*+ MAX_EXECUTION_TIME(%d) */ %s", ms, stmt[7:])
+			return fmt.Sprintf("SELECT /*+ MAX_EXECUTION_TIME(%d) */ %s", ms, stmt[7:]), true
 		}
 	}
-	return stmt
+	return stmt, false
 }
 
 // newMarker returns a string unique to one attempt, put in a comment of the MySQL

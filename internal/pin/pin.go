@@ -16,6 +16,10 @@
 // On PostgreSQL the strategies set the bound inside their own locking statements
 // (set_config of idle_session_timeout or idle_in_transaction_session_timeout, and
 // tcp_user_timeout), so the Pool only hands out and takes back connections.
+//
+// A Pool also remembers the server's id of each session it keeps (SessionID), so that
+// a strategy whose locking statement cannot return it (a MySQL REPLACE) asks once per
+// session, not once per lock.
 package pin
 
 import (
@@ -45,6 +49,7 @@ type Pool struct {
 
 	mu     sync.Mutex
 	idle   []idleConn
+	ids    map[*sql.Conn]int64 // SessionID's answers, for connections out of the pool
 	timer  *time.Timer
 	closed bool
 	sweeps sync.WaitGroup
@@ -102,10 +107,46 @@ func (p *Pool) Get(ctx context.Context) (*sql.Conn, error) {
 	return conn, nil
 }
 
+// SessionID returns the server's id of conn's session (CONNECTION_ID() on MySQL,
+// pg_backend_pid() on PostgreSQL), conn being a connection of p's. It asks the
+// server only the first time for each session: the answer is kept as long as p
+// keeps the connection (Put may keep it for reuse), and forgotten when the
+// connection returns to the application's pool or is discarded.
+func (p *Pool) SessionID(ctx context.Context, conn *sql.Conn) (int64, error) {
+	p.mu.Lock()
+	id, ok := p.ids[conn]
+	p.mu.Unlock()
+	if ok {
+		return id, nil
+	}
+	q := "SELECT CONNECTION_ID()"
+	if p.dialect == sqllock.Postgres {
+		q = "SELECT pg_backend_pid()"
+	}
+	if err := conn.QueryRowContext(ctx, q).Scan(&id); err != nil {
+		return 0, err
+	}
+	p.mu.Lock()
+	if p.ids == nil {
+		p.ids = make(map[*sql.Conn]int64)
+	}
+	p.ids[conn] = id
+	p.mu.Unlock()
+	return id, nil
+}
+
+// forget drops what SessionID remembers of conn, which leaves the Pool.
+func (p *Pool) forget(conn *sql.Conn) {
+	p.mu.Lock()
+	delete(p.ids, conn)
+	p.mu.Unlock()
+}
+
 // Put takes back a connection whose session is healthy and holds no lock: it is kept
 // for reuse, or its settings are put back and it returns to the application's pool.
 func (p *Pool) Put(conn *sql.Conn) {
 	if p.setup == "" {
+		p.forget(conn)
 		conn.Close()
 		return
 	}
@@ -130,11 +171,15 @@ func (p *Pool) roomy() bool {
 }
 
 // Discard breaks a connection's session: the server drops every lock it held.
-func (p *Pool) Discard(conn *sql.Conn) { interrupt.Release(conn, true) }
+func (p *Pool) Discard(conn *sql.Conn) {
+	p.forget(conn)
+	interrupt.Release(conn, true)
+}
 
 // restore puts the session's settings back and returns conn to the application's
 // pool, or discards it if that fails.
 func (p *Pool) restore(conn *sql.Conn) {
+	p.forget(conn)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if _, err := conn.ExecContext(ctx, p.reset); err != nil {

@@ -1,0 +1,137 @@
+package forupdate_test
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sqllock/sqllock"
+	"github.com/sqllock/sqllock/forupdate"
+	"github.com/sqllock/sqllock/testdb"
+)
+
+// TestStatementsPerAcquisition: an acquisition with a token is BEGIN, one statement
+// and COMMIT, as without one, counted on the wire (every statement the pools send,
+// keep-alives and session setup included), in each form: Lock with and without a ctx
+// deadline, TryLock, and TryAcquireAny (PostgreSQL; on MySQL it checks the rows
+// first and draws in a second statement: 5). Uncontended, and with 4 Lockers on one
+// name. On MySQL 8 and later a deadline costs one statement more (only a SELECT can
+// carry a server-side bound there, and only a REPLACE draws the token).
+func TestStatementsPerAcquisition(t *testing.T) {
+	testdb.CheckLeaks(t)
+	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
+		admin := testdb.Open(t, d)
+		ctx := testdb.Context(t, time.Minute)
+		flavor, err := testdb.FlavorOf(ctx, admin, d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, noToken := range []bool{false, true} {
+			var opts []forupdate.Option
+			if noToken {
+				opts = append(opts, forupdate.WithoutToken())
+			}
+			t.Run(fmt.Sprintf("without=%v", noToken), func(t *testing.T) {
+				var n atomic.Int64
+				l, err := forupdate.New(testdb.OpenCounting(t, d, &n), d, opts...)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer l.Close()
+				name := testdb.Name(t)
+				noDeadline, cancel := context.WithCancel(context.WithoutCancel(ctx))
+				defer cancel()
+				forms := []struct {
+					name string
+					want float64
+					lock func() (*forupdate.Lease, error)
+				}{
+					{"Lock", 3, func() (*forupdate.Lease, error) { return l.Lock(noDeadline, name) }},
+					{"Lock with deadline", 3, func() (*forupdate.Lease, error) { return l.Lock(ctx, name) }},
+					{"TryLock", 3, func() (*forupdate.Lease, error) { return l.TryLock(ctx, name) }},
+				}
+				if flavor == testdb.FlavorMySQL && !noToken {
+					forms[1].want = 4
+				}
+				if d == sqllock.Postgres {
+					forms = append(forms, struct {
+						name string
+						want float64
+						lock func() (*forupdate.Lease, error)
+					}{"TryAcquireAny", 3, func() (*forupdate.Lease, error) { return l.TryAcquireAny(ctx, []string{name, name + "/2"}) }})
+				}
+				for _, f := range forms {
+					// Warm up: the row exists, the session is pinned (MySQL).
+					le, err := f.lock()
+					if err != nil {
+						t.Fatal(err)
+					}
+					le.Release(ctx)
+					const rounds = 20
+					n.Store(0)
+					for i := 0; i < rounds; i++ {
+						le, err := f.lock()
+						if err != nil {
+							t.Fatal(err)
+						}
+						if noToken != (le.Token() == 0) {
+							t.Errorf("%s: token %d", f.name, le.Token())
+						}
+						if err := le.Release(ctx); err != nil {
+							t.Fatal(err)
+						}
+					}
+					if got := float64(n.Load()) / rounds; got != f.want {
+						t.Errorf("%s: %.2f statements per acquisition, want %v", f.name, got, f.want)
+					}
+				}
+
+				// Contended: 4 Lockers, each over a pool of its own, on one name.
+				const clients, each = 4, 25
+				lockers := make([]*forupdate.Locker, clients)
+				for i := range lockers {
+					lockers[i], err = forupdate.New(testdb.OpenCounting(t, d, &n), d, opts...)
+					if err != nil {
+						t.Fatal(err)
+					}
+					defer lockers[i].Close()
+					le, err := lockers[i].Lock(noDeadline, name) // warm up
+					if err != nil {
+						t.Fatal(err)
+					}
+					le.Release(ctx)
+				}
+				n.Store(0)
+				errs := make(chan error, clients)
+				for _, cl := range lockers {
+					go func() {
+						for i := 0; i < each; i++ {
+							le, err := cl.Lock(noDeadline, name)
+							if err != nil {
+								errs <- err
+								return
+							}
+							if err := le.Release(ctx); err != nil {
+								errs <- err
+								return
+							}
+						}
+						errs <- nil
+					}()
+				}
+				for range lockers {
+					if err := <-errs; err != nil {
+						t.Fatal(err)
+					}
+				}
+				got := float64(n.Load()) / (clients * each)
+				t.Logf("contended: %.2f statements per acquisition", got)
+				if got > 3 {
+					t.Errorf("contended: %.2f statements per acquisition, want 3", got)
+				}
+			})
+		}
+	})
+}
