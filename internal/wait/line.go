@@ -49,7 +49,6 @@ type Line struct {
 	mu     sync.Mutex
 	seen   map[string]time.Time // key -> when contention was last seen
 	stale  map[string]time.Time // key -> line not used until
-	sids   map[*sql.Conn]int64  // MySQL session ids of pinned connections
 	out    int
 	closed bool
 	off    bool // the line lock did not stay with its session: never used again
@@ -78,7 +77,7 @@ func NewLine(db *sql.DB, d sqllock.Dialect, space string, ttl, poll time.Duratio
 	return &Line{
 		db: db, dialect: d, space: space, pins: pin.New(db, d, ttl, log), log: log, max: n,
 		wait: max(poll, time.Second),
-		seen: map[string]time.Time{}, stale: map[string]time.Time{}, sids: map[*sql.Conn]int64{},
+		seen: map[string]time.Time{}, stale: map[string]time.Time{},
 	}
 }
 
@@ -158,7 +157,7 @@ func (ln *Line) Take(ctx context.Context, key []byte) *Turn {
 	t := &Turn{ln: ln, key: key}
 	conn, err := ln.pins.Get(ctx)
 	if err == nil && ln.dialect == sqllock.MySQL {
-		t.sid, err = ln.sid(ctx, conn)
+		t.sid, err = ln.pins.SessionID(ctx, conn)
 		if err != nil {
 			ln.pins.Discard(conn)
 		}
@@ -171,26 +170,6 @@ func (ln *Line) Take(ctx context.Context, key []byte) *Turn {
 	}
 	t.conn = conn
 	return t
-}
-
-// sid returns the MySQL session id of conn, asking the server once per connection.
-func (ln *Line) sid(ctx context.Context, conn *sql.Conn) (int64, error) {
-	ln.mu.Lock()
-	id, ok := ln.sids[conn]
-	ln.mu.Unlock()
-	if ok {
-		return id, nil
-	}
-	if err := conn.QueryRowContext(ctx, "SELECT CONNECTION_ID()").Scan(&id); err != nil {
-		return 0, err
-	}
-	ln.mu.Lock()
-	if len(ln.sids) >= 64 {
-		clear(ln.sids) // connections since returned to the pool
-	}
-	ln.sids[conn] = id
-	ln.mu.Unlock()
-	return id, nil
 }
 
 // Turn is one waiter's place in the line: a pinned session, which holds the line
