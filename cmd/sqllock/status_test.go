@@ -31,7 +31,9 @@ func TestStatusEveryStrategy(t *testing.T) {
 			waiters bool
 			newL    func() (closer, error)
 		}
-		ttl := 6 * time.Second
+		// Long enough for the whole test: a MySQL forupdate lease whose transaction
+		// stays idle for the TTL is ended by the server (README, Known limitations).
+		ttl := 30 * time.Second
 		strategies := []strategy{
 			{"uniqueindex", false, func() (closer, error) { return uniqueindex.New(testdb.Open(t, d), d, uniqueindex.WithTTL(ttl)) }},
 			{"optimistic", false, func() (closer, error) { return optimistic.New(testdb.Open(t, d), d, optimistic.WithTTL(ttl)) }},
