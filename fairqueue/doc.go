@@ -57,9 +57,11 @@
 //
 // On PostgreSQL an acquisition is one statement (draw the ticket and look at the
 // predecessors) and a release one more, contended or not: with 8 processes
-// contending for a name, 2.0 statements per acquisition (keep-alives and listeners
-// included). One more when dead tickets are ahead (they are dropped first), and one
-// per wake-up that is not a grant (semaphores, expiries). On MySQL an acquisition is
+// contending for a name, 2.0-2.1 statements per acquisition measured (keep-alives
+// and listeners included). One more when dead tickets are ahead (they are dropped
+// first), one per wake-up that is not a grant (semaphores, expiries, and the first
+// wait of a Locker, whose listener wakes its waiters once it listens), and one for
+// the listener's probe NOTIFY when it starts. On MySQL an acquisition is
 // three statements uncontended (the dispenser is moved on by a statement of its own,
 // then a look), plus one to release, and a waiter sends one statement per poll. Tickets
 // are renewed every keep-alive interval while waiting too.
