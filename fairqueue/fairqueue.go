@@ -180,11 +180,11 @@ func (l *Locker) acquireLease(ctx context.Context, op, name string, opts []sqllo
 		}
 	}
 	for {
-		le, err := l.enqueue(ctx, op, name, key, tm, block)
+		le, first, err := l.enqueue(ctx, op, name, key, tm, block)
 		if err != nil {
 			return nil, err
 		}
-		granted, err := l.waitTurn(ctx, le, block)
+		granted, err := l.waitTurn(ctx, le, block, first)
 		if err == nil && granted {
 			if err := lease.Granted(ctx, le.core.Label(), op, le.Release); err != nil {
 				return nil, err
@@ -216,19 +216,21 @@ func (l *Locker) acquireLease(ctx context.Context, op, name string, opts []sqllo
 
 var errTicketLost = errors.New("ticket lost while waiting")
 
-// enqueue draws a ticket and starts its keep-alive. An enqueue whose outcome is
-// unknown is undone (forget) before the error is returned.
-func (l *Locker) enqueue(ctx context.Context, op, name string, key []byte, tm lease.Timing, block bool) (*Lease, error) {
+// enqueue draws a ticket and starts its keep-alive. It also returns the look at the
+// predecessors that the draw answered (PostgreSQL), or nil. An enqueue whose outcome
+// is unknown is undone (forget) before the error is returned.
+func (l *Locker) enqueue(ctx context.Context, op, name string, key []byte, tm lease.Timing, block bool) (*Lease, *look, error) {
 	owner := l.b.Owner('T', "")
 	var ticket int64
 	var start time.Time
+	var first *look
 	var err error
 	for attempt := 0; ; attempt++ {
 		err = wait.Retry(ctx, func() error {
 			actx, cancel := l.b.AttemptContext(ctx)
 			defer cancel()
 			var err error
-			ticket, start, err = l.draw(actx, key, name, owner, tm.TTL)
+			ticket, start, first, err = l.draw(actx, key, name, owner, tm.TTL)
 			return err
 		}, nil)
 		// An Acquire goes on drawing through conflicts (draws of a busy name on MySQL
@@ -245,33 +247,52 @@ func (l *Locker) enqueue(ctx context.Context, op, name string, key []byte, tm le
 			l.forget(ctx, key, owner)
 		}
 		if ctx.Err() != nil {
-			return nil, l.b.Errorf(op, name, sqllock.ErrNotAcquired, ctx.Err())
+			return nil, nil, l.b.Errorf(op, name, sqllock.ErrNotAcquired, ctx.Err())
 		}
 		if sqlerr.Transient(err) {
-			return nil, l.b.Errorf(op, name, sqllock.ErrNotAcquired, err)
+			return nil, nil, l.b.Errorf(op, name, sqllock.ErrNotAcquired, err)
 		}
-		return nil, l.b.Errorf(op, name, nil, err)
+		return nil, nil, l.b.Errorf(op, name, nil, err)
 	}
-	return l.newLease(name, key, owner, ticket, tm, start), nil
+	return l.newLease(name, key, owner, ticket, tm, start), first, nil
 }
 
 // errTicketLeft marks a draw that failed after its ticket was inserted and could not
 // take it out.
 var errTicketLeft = errors.New("a ticket was drawn but the draw failed")
 
-// draw inserts a ticket and returns its number and when the statement that set its
-// expiry was sent.
-func (l *Locker) draw(ctx context.Context, key []byte, name string, owner []byte, ttl time.Duration) (int64, time.Time, error) {
+// draw inserts a ticket and returns its number, when the statement that set its
+// expiry was sent, and, on PostgreSQL, the look at its predecessors that the draw's
+// statement made (see enqueuePostgres); nil on MySQL.
+func (l *Locker) draw(ctx context.Context, key []byte, name string, owner []byte, ttl time.Duration) (int64, time.Time, *look, error) {
 	us := ttl.Microseconds()
 	start := l.b.Now()
 	if l.b.Dialect == sqllock.Postgres {
 		// On a connection whose wait is cancelled when ctx ends: a draw whose commit
 		// waits for a synchronous standby must not commit after forget looked.
 		var t int64
+		var lk look
 		err := l.b.OnConn(ctx, "fairqueue draw", func(qctx context.Context, conn *sql.Conn) error {
-			return conn.QueryRowContext(qctx, enqueuePostgres, key, []byte(name), owner, us, l.b.Host, l.b.PID).Scan(&t)
+			rows, err := conn.QueryContext(qctx, enqueuePostgres, key, []byte(name), owner, us, l.b.Host, l.b.PID, l.permits)
+			if err != nil {
+				return err
+			}
+			return scanRows(rows, func(a, b int64) {
+				if a == rowTicket {
+					t = b
+				} else {
+					lk.add(a, b)
+				}
+			})
 		})
-		return t, start, err
+		if err == nil && t == 0 {
+			err = errors.New("fairqueue: the draw returned no ticket")
+		}
+		if err != nil {
+			return t, start, nil, err
+		}
+		lk.position = len(lk.preds)
+		return t, start, &lk, nil
 	}
 	for created := false; ; {
 		start = l.b.Now()
@@ -280,28 +301,29 @@ func (l *Locker) draw(ctx context.Context, key []byte, name string, owner []byte
 			// A concurrent draw took the dispenser's number first (or an owner died
 			// between its two statements): draw in a transaction instead, which holds
 			// the dispenser until the ticket commits.
-			return l.drawTx(ctx, key, name, owner, us)
+			t, start, err := l.drawTx(ctx, key, name, owner, us)
+			return t, start, nil, err
 		}
 		if err != nil {
-			return 0, start, err
+			return 0, start, nil, err
 		}
 		n, err := res.RowsAffected()
 		if err != nil {
-			return 0, start, err
+			return 0, start, nil, err
 		}
 		if n == 0 && !created {
 			if _, err := l.b.Stmts.Exec(ctx, createMySQL, key, []byte(name)); err != nil {
-				return 0, start, err
+				return 0, start, nil, err
 			}
 			created = true
 			continue
 		}
 		if n == 0 {
-			return 0, start, errors.New("fairqueue: the ticket dispenser of the name is missing")
+			return 0, start, nil, errors.New("fairqueue: the ticket dispenser of the name is missing")
 		}
 		t, err := res.LastInsertId()
 		if err != nil {
-			return 0, start, err
+			return 0, start, nil, err
 		}
 		if _, err = l.b.Stmts.Exec(ctx, bumpMySQL, t, key); err != nil {
 			// The ticket is in, the dispenser not bumped (a deadlock; on Galera a
@@ -310,10 +332,10 @@ func (l *Locker) draw(ctx context.Context, key []byte, name string, owner []byte
 			if _, derr := l.b.Stmts.Exec(ctx, forgetMySQL, key, owner); derr != nil {
 				// Not transient (the causes are not wrapped): no retry draws behind it;
 				// enqueue forgets the owner's tickets instead.
-				return 0, start, fmt.Errorf("%w: %v (removing its ticket: %v)", errTicketLeft, err, derr)
+				return 0, start, nil, fmt.Errorf("%w: %v (removing its ticket: %v)", errTicketLeft, err, derr)
 			}
 		}
-		return t, start, err
+		return t, start, nil, err
 	}
 }
 
@@ -348,20 +370,26 @@ func (l *Locker) drawTx(ctx context.Context, key []byte, name string, owner []by
 // waitTurn waits until le's ticket is among the lowest live tickets of its name (the
 // permits), watching only its nearest predecessors: it wakes when one of them is
 // released (a NOTIFY with its ticket on PostgreSQL, a release in this process), when
-// the nearest one's lease would expire (a dead owner), or after a poll. With block
-// false it looks once. It returns errTicketLost if the ticket died meanwhile.
-func (l *Locker) waitTurn(ctx context.Context, le *Lease, block bool) (bool, error) {
+// the release that made it a holder names its ticket (then it is granted without a
+// statement), when the nearest one's lease would expire (a dead owner), or after a
+// poll. first is the look its draw answered, or nil. With block false it looks once.
+// It returns errTicketLost if the ticket died meanwhile.
+func (l *Locker) waitTurn(ctx context.Context, le *Lease, block bool, first *look) (bool, error) {
 	seen := new(sighting)
+	lk := first
 	for attempt := 0; ; attempt++ {
 		if le.core.Err() != nil {
 			return false, errTicketLost
 		}
-		preds, position, dead, err := l.predecessors(ctx, le)
-		if err == nil && l.b.Dialect == sqllock.MySQL {
-			l.pace.saw(le.key, seen, position, time.Now())
+		var err error
+		if lk == nil {
+			lk, err = l.predecessors(ctx, le)
 		}
-		if err == nil && position < l.permits {
-			if dead {
+		if err == nil && l.b.Dialect == sqllock.MySQL {
+			l.pace.saw(le.key, seen, lk.position, time.Now())
+		}
+		if err == nil && lk.position < l.permits {
+			if lk.dead {
 				// Drop the dead tickets first: this waits for a Check a dead holder's
 				// transaction may still hold on its ticket.
 				err = l.dropDead(ctx, le)
@@ -387,9 +415,22 @@ func (l *Locker) waitTurn(ctx context.Context, le *Lease, block bool) (bool, err
 		if !block {
 			return false, nil
 		}
-		if err := l.sleep(ctx, le, preds, seen, position-l.permits+1, attempt, err != nil); err != nil {
+		var preds []pred
+		place := 1
+		if lk != nil {
+			preds, place = lk.preds, lk.position-l.permits+1
+		}
+		granted, err := l.sleep(ctx, le, preds, seen, place, attempt, err != nil)
+		if err != nil {
 			return false, err
 		}
+		if granted {
+			if le.core.Err() != nil {
+				return false, errTicketLost
+			}
+			return true, nil
+		}
+		lk = nil
 	}
 }
 
@@ -399,37 +440,64 @@ type pred struct {
 	left   time.Duration
 }
 
-// predecessors returns the nearest live tickets below le's (at most the permits), how
-// many live tickets are below it (its position: granted below the permits), and
-// whether a dead one is below it.
-func (l *Locker) predecessors(ctx context.Context, le *Lease) (preds []pred, position int, dead bool, err error) {
+// look is what a waiter saw of the tickets below its own.
+type look struct {
+	preds    []pred // the nearest live ones, at most the permits
+	position int    // how many live tickets are below it (granted below the permits)
+	dead     bool   // a dead one is below it
+}
+
+// add records a row of a look: a live predecessor (ticket, remaining µs), the
+// position (-1, n) or the marker of a dead one (0, -1).
+func (lk *look) add(t, us int64) {
+	switch {
+	case t == 0 && us == -1:
+		lk.dead = true
+	case t == -1:
+		lk.position = int(us)
+	default:
+		lk.preds = append(lk.preds, pred{t, time.Duration(us) * time.Microsecond})
+	}
+}
+
+// scanRows calls f with each row of two integers, and closes rows.
+func scanRows(rows *sql.Rows, f func(a, b int64)) error {
+	defer rows.Close()
+	for rows.Next() {
+		var a, b int64
+		if err := rows.Scan(&a, &b); err != nil {
+			return err
+		}
+		f(a, b)
+	}
+	return rows.Err()
+}
+
+// predecessors looks, in a statement of its own, at the tickets below le's: the
+// nearest live ones (at most the permits), how many live ones are below it (its
+// position: granted below the permits; on PostgreSQL the live ones it returns, which
+// is all the position tells there), and whether a dead one is below it.
+func (l *Locker) predecessors(ctx context.Context, le *Lease) (*look, error) {
 	actx, cancel := l.b.AttemptContext(ctx)
 	defer cancel()
 	var rows *sql.Rows
+	var err error
 	if l.b.Dialect == sqllock.Postgres {
 		rows, err = l.b.Stmts.Query(actx, predecessorsPostgres, le.key, le.number, l.permits)
 	} else {
 		rows, err = l.b.Stmts.Query(actx, predecessorsMySQL, le.key, le.number, l.permits, le.key, le.number, le.key, le.number)
 	}
 	if err != nil {
-		return nil, 0, false, err
+		return nil, err
 	}
-	defer rows.Close()
-	for rows.Next() {
-		var t, us int64
-		if err := rows.Scan(&t, &us); err != nil {
-			return nil, 0, false, err
-		}
-		switch {
-		case t == 0 && us == -1:
-			dead = true
-		case t == -1:
-			position = int(us)
-		default:
-			preds = append(preds, pred{t, time.Duration(us) * time.Microsecond})
-		}
+	lk := new(look)
+	if err := scanRows(rows, lk.add); err != nil {
+		return nil, err
 	}
-	return preds, position, dead, rows.Err()
+	if l.b.Dialect == sqllock.Postgres {
+		lk.position = len(lk.preds)
+	}
+	return lk, nil
 }
 
 func (l *Locker) dropDead(ctx context.Context, le *Lease) error {
@@ -445,15 +513,22 @@ func (l *Locker) dropDead(ctx context.Context, le *Lease) error {
 	}, nil)
 }
 
-// sleep waits for the release of one of preds (their topics), the nearest one's
-// expiry, a poll, the ticket's own loss, or ctx.
-func (l *Locker) sleep(ctx context.Context, le *Lease, preds []pred, seen *sighting, place, attempt int, failed bool) error {
+// grantEvent is the event of the grant of ticket: its topic is published when the
+// release that made it a holder names it (the NOTIFY payload, see releasePostgresSQL, or
+// a release in this process).
+func grantEvent(ticket int64) string { return "g" + strconv.FormatInt(ticket, 10) }
+
+// sleep waits for the release of one of preds (their topics), the grant of le's
+// ticket, the nearest one's expiry, a poll, the ticket's own loss, or ctx. It reports
+// whether le's ticket was granted.
+func (l *Locker) sleep(ctx context.Context, le *Lease, preds []pred, seen *sighting, place, attempt int, failed bool) (bool, error) {
 	wake := make(chan struct{}, 1)
-	topics := make([]string, len(preds))
+	grant := wait.Topic(le.key, grantEvent(le.number))
+	topics := make([]string, len(preds), len(preds)+1)
 	for i, p := range preds {
 		topics[i] = wait.Topic(le.key, strconv.FormatInt(p.ticket, 10))
 	}
-	defer l.b.Hub.SubscribeTopics(wake, topics...)()
+	defer l.b.Hub.SubscribeTopics(wake, append(topics, grant)...)()
 	// The fallback: the nearest predecessors' expiry (a dead owner releases nothing),
 	// at most the poll interval. On MySQL, which has no notifications, see pace.sleep.
 	d := backoff.Policy{Min: l.b.Cfg.Poll / 2, Max: l.b.Cfg.Poll}.Delay(1)
@@ -474,12 +549,14 @@ func (l *Locker) sleep(ctx context.Context, le *Lease, preds []pred, seen *sight
 	defer t.Stop()
 	select {
 	case <-ctx.Done():
-		return ctx.Err()
+		return false, ctx.Err()
 	case <-wake:
 	case <-le.core.Done():
 	case <-t.C:
 	}
-	return nil
+	// The topics of one NOTIFY are published together: woken by the release, the
+	// grantee finds its grant published.
+	return l.b.Hub.Published(grant), nil
 }
 
 // forget deletes the tickets an enqueue of owner may have left without the caller
@@ -488,11 +565,36 @@ func (l *Locker) sleep(ctx context.Context, le *Lease, preds []pred, seen *sight
 func (l *Locker) forget(ctx context.Context, key, owner []byte) {
 	// No probe: the tickets of an owner are never another holder's, nothing locks
 	// them but their owner.
-	q := l.b.Pick(forgetPostgres, forgetMySQL)
 	wait.Forget(ctx, min(lease.GiveBackTimeout, l.b.Cfg.Attempt), nil, func(ctx context.Context) error {
-		_, err := l.b.Stmts.Exec(ctx, q, key, owner)
+		if l.b.Dialect == sqllock.Postgres {
+			_, _, err := l.runRelease(ctx, forgetPostgres, key, owner, l.permits)
+			return err
+		}
+		_, err := l.b.Stmts.Exec(ctx, forgetMySQL, key, owner)
 		return err
 	}, l.b.Cfg.Logger)
+}
+
+// runRelease runs a release statement of PostgreSQL (releaseTicketPostgres,
+// forgetPostgres) once, and returns how many tickets it deleted and the ticket it
+// made a holder, or 0.
+func (l *Locker) runRelease(ctx context.Context, q string, args ...any) (n, grantee int64, err error) {
+	rows, err := l.b.Stmts.Query(ctx, q, args...)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var ticket int64
+		var g sql.NullInt64
+		var notified bool
+		if err := rows.Scan(&ticket, &g, &notified); err != nil {
+			return 0, 0, err
+		}
+		n++
+		grantee = max(grantee, g.Int64)
+	}
+	return n, grantee, rows.Err()
 }
 
 // reenter adds a hold to the ticket an owner key holds on key through this Locker.

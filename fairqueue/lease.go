@@ -6,6 +6,7 @@ import (
 	"errors"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sqllock/sqllock"
@@ -32,6 +33,9 @@ type ticket struct {
 	ttl        time.Duration
 	core       *lease.Lease
 	ownerKey   string // set under Locker.mu for a reentrant lease
+	// grantee is the ticket that the release of this one made a holder, or 0
+	// (PostgreSQL, see releasePostgresSQL).
+	grantee atomic.Int64
 
 	mu    sync.Mutex
 	holds map[*Lease]bool // holds not yet released
@@ -57,8 +61,12 @@ func (l *Locker) newLease(name string, key, owner []byte, number int64, tm lease
 			}
 			t.mu.Unlock()
 			// The successor in this process need not wait for the NOTIFY (or, on MySQL,
-			// its poll).
-			l.b.Hub.Publish(wait.Topic(key, strconv.FormatInt(number, 10)))
+			// its poll); the grantee the release named goes in without a look.
+			topics := []string{wait.Topic(key, strconv.FormatInt(number, 10))}
+			if g := t.grantee.Load(); g != 0 {
+				topics = append(topics, wait.Topic(key, grantEvent(g)))
+			}
+			l.b.Hub.Publish(topics...)
 		},
 	})
 	t.core.Run()
@@ -183,7 +191,19 @@ func (k keeper) KeepAlive(ctx context.Context) (time.Duration, error) {
 
 func (k keeper) GiveBack(ctx context.Context, lost bool) error {
 	t, b := k.le, k.le.l.b
-	n, err := b.Changed(ctx, nil, b.Pick(releasePostgres, releaseMySQL), t.key, t.number, t.owner)
+	if b.Dialect == sqllock.MySQL {
+		n, err := b.Changed(ctx, nil, releaseMySQL, t.key, t.number, t.owner)
+		return rowlease.Released(n, err, lost, "the ticket")
+	}
+	var n, grantee int64
+	err := wait.Retry(ctx, func() error {
+		var err error
+		n, grantee, err = t.l.runRelease(ctx, releaseTicketPostgres, t.key, t.number, t.owner, t.l.permits)
+		return err
+	}, nil)
+	if err == nil {
+		t.grantee.Store(grantee) // published when the lease ends, right after
+	}
 	return rowlease.Released(n, err, lost, "the ticket")
 }
 

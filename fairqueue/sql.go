@@ -1,32 +1,84 @@
 package fairqueue
 
-import "github.com/sqllock/sqllock/internal/rowlease"
+import (
+	"strconv"
+
+	"github.com/sqllock/sqllock/internal/rowlease"
+)
 
 // The SQL of both dialects. Every time is the database's: clock_timestamp() on
 // PostgreSQL, UTC_TIMESTAMP(6) on MySQL (constant within a statement).
 
-// channel is the PostgreSQL NOTIFY channel; the payload is hex(key) + ":" + the
-// released ticket, the event its successor waits for.
+// channel is the PostgreSQL NOTIFY channel. The payload is hex(key) + ":" + the
+// released ticket, the event its successors wait for, followed by ":g" + the ticket
+// that the release made a holder when the release statement can name it (see
+// releasePostgresSQL): the event that ticket's waiter waits for (grantEvent).
 const channel = "sqllock_fairqueue"
 
-const (
-	// enqueuePostgres draws the next ticket of the name and inserts it, in one
-	// statement, so in one transaction: the dispenser row stays locked until the
-	// ticket commits, and the next enqueue of the name waits for that commit. So the
-	// order of tickets is the order in which they became visible, and a waiter can
-	// never find a lower ticket appear after it looked.
-	//
-	// $1 key, $2 name, $3 owner, $4 TTL µs, $5 host, $6 pid.
-	enqueuePostgres = `WITH q AS (
+// lookPostgres is the look at the predecessors of ticket (an SQL expression) on
+// PostgreSQL, with limit (an SQL expression) the permits: rows (ticket, remaining µs)
+// of the nearest live tickets below it, locked FOR KEY SHARE, then (0, -1) if one
+// below it is dead. The function is migration 0008's; see there why it is one.
+func lookPostgres(ticket, limit string) string {
+	return `SELECT pred, rem FROM sqllock_fairqueue_look($1, ` + ticket + `, ` + limit + `)`
+}
+
+// rowTicket marks the row of enqueuePostgres that carries the ticket drawn:
+// (rowTicket, the ticket). The others are those of its look.
+const rowTicket = -2
+
+// enqueuePostgres draws the next ticket of the name and inserts it, in one
+// statement, so in one transaction: the dispenser row stays locked until the ticket
+// commits, and the next enqueue of the name waits for that commit. So the order of
+// tickets is the order in which they became visible, and a waiter can never find a
+// lower ticket appear after it looked.
+//
+// The same statement then looks at the predecessors of the new ticket
+// (lookPostgres): the look's own snapshot, taken after the draw, sees every lower
+// ticket, even those that committed after the statement's snapshot (when it waited
+// for another enqueue of the name), and the look locks what it returns. An
+// uncontended acquisition is this one statement.
+//
+// $1 key, $2 name, $3 owner, $4 TTL µs, $5 host, $6 pid, $7 permits.
+var enqueuePostgres = `WITH q AS (
   INSERT INTO sqllock_queue AS q (lock_key, name, next_ticket) VALUES ($1, $2, 2)
   ON CONFLICT (lock_key) DO UPDATE SET next_ticket = q.next_ticket + 1
   RETURNING next_ticket - 1 AS ticket
+), t AS (
+  INSERT INTO sqllock_ticket (lock_key, ticket, owner, created_at, expires_at, host, pid)
+  SELECT $1, q.ticket, $3, n.t, n.t + $4::bigint * interval '1 microsecond', $5, $6
+  FROM q, (SELECT clock_timestamp() AS t) n
+  RETURNING ticket
 )
-INSERT INTO sqllock_ticket (lock_key, ticket, owner, created_at, expires_at, host, pid)
-SELECT $1, q.ticket, $3, n.t, n.t + $4::bigint * interval '1 microsecond', $5, $6
-FROM q, (SELECT clock_timestamp() AS t) n
-RETURNING ticket`
+SELECT ` + strconv.Itoa(rowTicket) + `, ticket FROM t
+UNION ALL
+` + lookPostgres("(SELECT ticket FROM t)", "$7")
 
+// predecessorsPostgres is the look of a statement of its own (a waiter woken without
+// its grant). $1 key, $2 ticket, $3 permits.
+var predecessorsPostgres = lookPostgres("$2", "$3")
+
+// releasePostgresSQL returns the PostgreSQL statement that deletes the tickets of key
+// $1 that match selects and tells their waiters, permits being the SQL of the
+// permits. It returns one row per deleted ticket: the ticket, the ticket its delete
+// made a holder (or NULL), and whether it sent a NOTIFY. What to tell is migration
+// 0008's sqllock_fairqueue_next, called after the delete (see there): the grantee,
+// whose waiter, which the NOTIFY reaches at the commit, goes in without a statement
+// of its own if its lease is still live on the client; and whether a ticket above
+// the deleted one is left: only then does the NOTIFY go out (a NOTIFY serialises the
+// commits of the whole database).
+func releasePostgresSQL(match, permits string) string {
+	return `WITH d AS (
+  DELETE FROM sqllock_ticket WHERE lock_key = $1 AND ` + match + ` AND ` + rowlease.AsyncRelease + `
+  RETURNING lock_key, ticket
+)
+SELECT d.ticket, n.grantee, (CASE WHEN n.waited THEN
+  pg_notify('` + channel + `', encode(d.lock_key, 'hex') || ':' || d.ticket::text || COALESCE(':g' || n.grantee::text, ''))::text
+END) IS NOT NULL
+FROM d, LATERAL sqllock_fairqueue_next($1, d.ticket, ` + permits + `) n`
+}
+
+const (
 	// MySQL has no statement that writes two tables, so a ticket is drawn in two:
 	// enqueueMySQL inserts the ticket numbered by the dispenser (read under a shared
 	// lock held until the statement commits; its number is the statement's insert
@@ -53,18 +105,9 @@ VALUES (?, ?, ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, ?,
 	createMySQL = `INSERT INTO sqllock_queue (lock_key, name, next_ticket) VALUES (?, ?, 1)
 ON DUPLICATE KEY UPDATE lock_key = lock_key`
 
-	// predecessors returns the n nearest live tickets below $2 (ticket, remaining µs),
-	// a row (-1, number of live tickets below $2: the waiter's position), and, if any
-	// ticket below $2 is dead (expired), a marker row (0, -1).
-	predecessorsPostgres = `SELECT ticket, rem FROM (
-  SELECT ticket, floor(extract(epoch FROM (expires_at - clock_timestamp())) * 1000000)::bigint AS rem
-  FROM sqllock_ticket WHERE lock_key = $1 AND ticket < $2 AND expires_at > clock_timestamp()
-  ORDER BY ticket DESC LIMIT $3
-) live
-UNION ALL
-SELECT -1, count(*) FROM sqllock_ticket WHERE lock_key = $1 AND ticket < $2 AND expires_at > clock_timestamp()
-UNION ALL
-SELECT 0, -1 WHERE EXISTS (SELECT 1 FROM sqllock_ticket WHERE lock_key = $1 AND ticket < $2 AND expires_at <= clock_timestamp())`
+	// predecessorsMySQL returns the n nearest live tickets below the ticket (ticket,
+	// remaining µs), a row (-1, number of live tickets below it: the waiter's
+	// position), and, if any ticket below it is dead (expired), a marker row (0, -1).
 	// ? key, ticket, n, key, ticket, key, ticket.
 	predecessorsMySQL = `SELECT ticket, rem FROM (
   SELECT ticket, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) AS rem
@@ -89,17 +132,11 @@ WHERE lock_key = $1 AND ticket = $2 AND owner = $3 AND expires_at > clock_timest
 	renewMySQL = `UPDATE sqllock_ticket SET expires_at = GREATEST(expires_at + INTERVAL 1 MICROSECOND, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)
 WHERE lock_key = ? AND ticket = ? AND owner = ? AND expires_at > UTC_TIMESTAMP(6)`
 
-	// release deletes the ticket; on PostgreSQL it notifies its successor in the same
-	// statement.
-	releasePostgres = `WITH d AS (DELETE FROM sqllock_ticket WHERE lock_key = $1 AND ticket = $2 AND owner = $3
-  AND ` + rowlease.AsyncRelease + ` RETURNING lock_key, ticket)
-SELECT pg_notify('` + channel + `', encode(lock_key, 'hex') || ':' || ticket::text) FROM d`
+	// releaseMySQL deletes the ticket (see releasePostgresSQL for PostgreSQL).
 	releaseMySQL = `DELETE FROM sqllock_ticket WHERE lock_key = ? AND ticket = ? AND owner = ?`
 
-	// forget deletes the tickets of an acquisition whose enqueue outcome the caller
-	// never learnt and that it gave up (owners are unique per acquisition).
-	forgetPostgres = `WITH d AS (DELETE FROM sqllock_ticket WHERE lock_key = $1 AND owner = $2 AND ` + rowlease.AsyncRelease + ` RETURNING lock_key, ticket)
-SELECT count(*) FROM (SELECT pg_notify('` + channel + `', encode(lock_key, 'hex') || ':' || ticket::text) FROM d) n`
+	// forgetMySQL deletes the tickets of an acquisition whose enqueue outcome the
+	// caller never learnt and that it gave up (owners are unique per acquisition).
 	forgetMySQL = `DELETE FROM sqllock_ticket WHERE lock_key = ? AND owner = ?`
 
 	// check is the fencing check, run as the last statement of the caller's
@@ -139,4 +176,13 @@ FROM sqllock_ticket WHERE lock_key = $1 AND expires_at > clock_timestamp() ORDER
 	holderMySQL = `SELECT host, pid, ticket, TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', created_at),
   TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at)
 FROM sqllock_ticket WHERE lock_key = ? AND expires_at > UTC_TIMESTAMP(6) ORDER BY ticket LIMIT 1`
+)
+
+// The release statements of PostgreSQL: by ticket ($1 key, $2 ticket, $3 owner, $4
+// permits), and forget ($1 key, $2 owner, $3 permits): the tickets of an acquisition
+// whose enqueue outcome the caller never learnt and that it gave up (owners are
+// unique per acquisition).
+var (
+	releaseTicketPostgres = releasePostgresSQL("ticket = $2 AND owner = $3", "$4")
+	forgetPostgres        = releasePostgresSQL("owner = $2", "$3")
 )

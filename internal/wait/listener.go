@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
-	"strings"
 	"sync"
 	"time"
 
@@ -149,8 +148,8 @@ func (lis *listener) listen(ctx context.Context, h *Hub) error {
 			probe = ""
 			continue
 		}
-		if strings.Contains(n.Payload, ":") {
-			h.Publish(n.Payload) // an event topic: see Hub.Publish
+		if topics := EventTopics(n.Payload); topics != nil {
+			h.Publish(topics...) // event topics: see Hub.Publish
 			continue
 		}
 		if key, err := hex.DecodeString(n.Payload); err == nil {

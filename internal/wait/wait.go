@@ -10,6 +10,7 @@ import (
 	"database/sql"
 	"encoding/hex"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -38,7 +39,8 @@ type Hub struct {
 
 // NewHub returns the waiting room of a Locker of strategy on db. On PostgreSQL,
 // waiters are woken by NOTIFYs on channel whose payload is the hex key of the
-// released lock (or a key followed by ':' and more, for targeted wake-ups).
+// released lock (or a key followed by ':' and events, for targeted wake-ups: see
+// EventTopics).
 func NewHub(db *sql.DB, d sqllock.Dialect, strategy, channel string, log *slog.Logger) *Hub {
 	return &Hub{
 		db: db, dialect: d, channel: channel, strategy: strategy, log: log,
@@ -157,16 +159,18 @@ func (h *Hub) Wake(key string) {
 }
 
 // Topic is the topic of one event of key, such as the release of one ticket: the
-// NOTIFY payload hex(key) + ":" + event.
+// NOTIFY payload hex(key) + ":" + event (a payload may name several events of its key:
+// hex(key) + ":" + event + ":" + event ..., see EventTopics).
 func Topic(key []byte, event string) string { return HexKey(key) + ":" + event }
 
 // topicMemory is how long a published topic is remembered for late subscribers.
 const topicMemory = time.Minute
 
-// Publish wakes the subscribers of topic, and remembers it for a while so that a
-// subscriber that comes just after is woken too: a topic names one event (a ticket's
-// release), which never happens twice.
-func (h *Hub) Publish(topic string) {
+// Publish wakes the subscribers of the topics, and remembers them for a while so
+// that a subscriber that comes just after is woken too: a topic names one event (a
+// ticket's release, its grant), which never happens twice. The topics are recorded
+// together: a subscriber woken by one of them finds the others Published.
+func (h *Hub) Publish(topics ...string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	now := time.Now()
@@ -177,8 +181,20 @@ func (h *Hub) Publish(topic string) {
 			}
 		}
 	}
-	h.topics[topic] = now
-	poke(h.waiters[topic])
+	for _, t := range topics {
+		h.topics[t] = now
+	}
+	for _, t := range topics {
+		poke(h.waiters[t])
+	}
+}
+
+// Published reports whether topic was published recently (see Publish).
+func (h *Hub) Published(topic string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	at, ok := h.topics[topic]
+	return ok && time.Since(at) < topicMemory
 }
 
 // SubscribeTopics registers ch (buffered) for event topics (see Publish): it is
@@ -251,6 +267,21 @@ func (h *Hub) Sleep(ctx context.Context, wake <-chan struct{}, attempt int, poll
 		}
 	}
 	return backoff.Sleep(ctx, d, wake)
+}
+
+// EventTopics returns the topics a NOTIFY payload names: hex(key) + ":" + e1 + ":" +
+// e2 ... names the events e1, e2 ... of key, whose topics are Topic(key, e1), ...; a
+// payload without ':' (a bare hex key) names none.
+func EventTopics(payload string) []string {
+	key, events, ok := strings.Cut(payload, ":")
+	if !ok {
+		return nil
+	}
+	var topics []string
+	for e := range strings.SplitSeq(events, ":") {
+		topics = append(topics, key+":"+e)
+	}
+	return topics
 }
 
 // HexKey is the NOTIFY payload of a key.
