@@ -120,7 +120,7 @@ func (le *Lease) release(ctx context.Context) (n, left int64, err error) {
 			if l.b.Dialect == sqllock.Postgres {
 				var unlocked, inLine bool
 				var notified sql.NullString
-				if err := conn.QueryRowContext(qctx, releaseLinePostgres, le.key, le.version, le.owner, l.b.Line.PgKey(le.key)).
+				if err := conn.QueryRowContext(qctx, releaseLinePostgres, le.key, le.version, le.owner).
 					Scan(&n, &unlocked, &inLine, &notified); err != nil {
 					return err
 				}
@@ -152,7 +152,7 @@ func (le *Lease) release(ctx context.Context) (n, left int64, err error) {
 		// An Exec: unlike a query with a context, it starts no goroutine of
 		// database/sql's. Rows: 0 not found, 1 holds left, 2 freed, 3 freed and
 		// someone waits in line.
-		res, err := l.b.Stmts.Exec(ctx, releasePostgres, le.key, le.version, le.owner, l.b.Line.PgKey(le.key))
+		res, err := l.b.Stmts.Exec(ctx, releasePostgres, le.key, le.version, le.owner)
 		if err != nil {
 			return 0, 0, err
 		}

@@ -149,7 +149,7 @@ func (l *Locker) acquireLease(ctx context.Context, op, name string, opts []sqllo
 	if err != nil {
 		return nil, err
 	}
-	a := &attempt{l: l, key: namekey.Key(name), name: name, owner: l.b.Owner('L', ac.Owner), ttl: tm.TTL, reentrant: ac.Owner != ""}
+	a := &attempt{l: l, key: namekey.Key(name), name: name, owner: l.b.Owner('L', ac.Owner), ttl: tm.TTL, reentrant: ac.Owner != "", block: block}
 	slot, turn, uncertain, kind, err := wait.Loop{
 		Hub: l.b.Hub, Key: string(a.key), Block: block, Queue: !a.reentrant, Poll: l.b.Cfg.Poll, Log: l.b.Cfg.Logger,
 		Attempt: func(ctx context.Context) (wait.Result, error) {
@@ -173,7 +173,7 @@ func (l *Locker) acquireLease(ctx context.Context, op, name string, opts []sqllo
 			}
 			if err == nil && res.Acquired {
 				a.start, res.Acquired, err = l.b.Fresh(ctx, a.start, a.ttl, func(ctx context.Context) (bool, error) {
-					n, err := l.b.Changed(ctx, nil, l.b.Pick(renewPostgres, renewMySQL), renewArgs(l.b.Dialect, a.key, a.version, a.owner, a.ttl)...)
+					n, err := l.b.Kept(ctx, t, nil, l.b.Pick(renewPostgres, renewMySQL), renewArgs(l.b.Dialect, a.key, a.version, a.owner, a.ttl)...)
 					return n > 0, err
 				})
 			}
@@ -201,6 +201,7 @@ type attempt struct {
 	owner     []byte
 	ttl       time.Duration
 	reentrant bool
+	block     bool      // Acquire (it will wait), not TryAcquire
 	version   int64     // the granted version (the token)
 	start     time.Time // when the statement that set the expiry was sent
 }
@@ -213,7 +214,7 @@ type attempt struct {
 func (a *attempt) try(ctx context.Context) (wait.Result, error) {
 	actx, cancel := a.l.b.AttemptContext(ctx)
 	defer cancel()
-	return a.tryWith(actx, poolQuerier{a.l.b.Stmts})
+	return a.tryWith(actx, poolQuerier{a.l.b.Stmts}, a.block)
 }
 
 // querier runs the statements of an attempt: on the pool, through the Locker's
@@ -234,8 +235,9 @@ func (p poolQuerier) QueryRowContext(ctx context.Context, query string, args ...
 	return p.c.QueryRow(ctx, query, args...)
 }
 
-// tryWith is try on q.
-func (a *attempt) tryWith(actx context.Context, q querier) (wait.Result, error) {
+// tryWith is try on q. With mark, a lock found held is marked waited for
+// (PostgreSQL), so that its release notifies.
+func (a *attempt) tryWith(actx context.Context, q querier, mark bool) (wait.Result, error) {
 	l := a.l
 	if v, ok := l.cachedVersion(a.key); ok && !a.reentrant {
 		if ok, err := a.swap(actx, q, v); err != nil || ok {
@@ -264,6 +266,11 @@ func (a *attempt) tryWith(actx context.Context, q querier) (wait.Result, error) 
 				ok, err := a.reenter(actx, q)
 				return wait.Result{Acquired: ok}, err
 			}
+			if mark && l.b.Dialect == sqllock.Postgres {
+				if _, err := q.ExecContext(actx, markPostgres, a.key); err != nil {
+					l.b.Cfg.Logger.Debug("sqllock/optimistic: marking the lock waited for failed; the waiter polls", "err", err)
+				}
+			}
 			return wait.Result{HolderLeft: time.Duration(left) * time.Microsecond}, nil
 		}
 		ok, err := a.swap(actx, q, v)
@@ -272,7 +279,12 @@ func (a *attempt) tryWith(actx context.Context, q querier) (wait.Result, error) 
 }
 
 func (a *attempt) create(ctx context.Context, q querier) error {
-	_, err := q.ExecContext(ctx, a.l.b.Pick(createPostgres, createMySQL), a.key, []byte(a.name))
+	var err error
+	if a.l.b.Dialect == sqllock.Postgres {
+		_, err = q.ExecContext(ctx, createPostgres, a.key, []byte(a.name))
+	} else {
+		_, err = q.ExecContext(ctx, createMySQL, a.key, []byte(a.name), a.key)
+	}
 	return err
 }
 
@@ -348,7 +360,7 @@ func (a *attempt) tryOn(ctx context.Context, t *wait.Turn) (wait.Result, error) 
 	var res wait.Result
 	err := t.Run(ctx, "optimistic attempt", func(qctx context.Context, conn *sql.Conn) error {
 		var err error
-		res, err = a.tryWith(qctx, conn)
+		res, err = a.tryWith(qctx, conn, false) // in line: a release notifies whoever holds its lock
 		return err
 	})
 	return res, err
@@ -367,16 +379,21 @@ func (a *attempt) enter(ctx context.Context, t *wait.Turn) (wait.Result, error) 
 		start := l.b.Now()
 		if l.b.Dialect == sqllock.Postgres {
 			var v sql.NullInt64
-			var inserted, waited bool
+			var inserted bool
+			var waited sql.NullBool
 			err := conn.QueryRowContext(qctx, acquireLinePostgres, a.key, []byte(a.name), a.owner, us, l.b.Host, l.b.PID,
-				pin.Millis(lineWait), pin.Millis(a.ttl), l.b.Line.PgKey(a.key)).Scan(&v, &inserted, &waited)
+				pin.Millis(lineWait), pin.Millis(a.ttl), wait.PgPID(conn)).Scan(&v, &inserted, &waited)
 			if sqlerr.Is(err, sqlerr.LockTimeout) {
 				return nil // the wait ran out: not entered
 			}
 			if err != nil {
 				return err
 			}
-			res.Entered, res.Waited = true, waited
+			if !waited.Valid {
+				l.b.Line.Off("the server session is not the one the client connected to")
+				return nil
+			}
+			res.Entered, res.Waited = true, waited.Bool
 			if !v.Valid {
 				return nil // held
 			}

@@ -24,11 +24,23 @@ FROM sqllock_optimistic WHERE lock_key = ?`
 
 	// create makes the row of a name on first use, free, in its own autocommit
 	// statement (no gap lock or duplicate key error: an existing row is left alone).
-	// Its version starts at 0; the first acquisition continues from sqllock_fence.
-	createPostgres = `INSERT INTO sqllock_optimistic (lock_key, name, expires_at) VALUES ($1, $2, clock_timestamp())
+	// Its version starts at the name's sqllock_fence counter (0 for a new name; the
+	// last version of a row the reaper deleted), so that a row's version is never
+	// below the counter: every acquisition then takes the next version from the row
+	// alone (the compare-and-swap also takes GREATEST with the counter). $1 key,
+	// $2 name; MySQL: key, name, key.
+	createPostgres = `INSERT INTO sqllock_optimistic (lock_key, name, version, expires_at)
+SELECT $1, $2, COALESCE((SELECT f.token FROM sqllock_fence f WHERE f.lock_key = $1), 0), clock_timestamp()
 ON CONFLICT (lock_key) DO NOTHING`
-	createMySQL = `INSERT INTO sqllock_optimistic (lock_key, name, expires_at) VALUES (?, ?, UTC_TIMESTAMP(6))
+	createMySQL = `INSERT INTO sqllock_optimistic (lock_key, name, version, expires_at)
+SELECT ?, ?, COALESCE((SELECT f.token FROM sqllock_fence f WHERE f.lock_key = ?), 0), UTC_TIMESTAMP(6)
 ON DUPLICATE KEY UPDATE lock_key = lock_key`
+
+	// mark records on PostgreSQL that an Acquire waits for the held row without the
+	// server-side line, so that the release notifies (migration 0009); a takeover
+	// clears it. $1 key.
+	markPostgres = `UPDATE sqllock_optimistic SET waiters = true
+WHERE lock_key = $1 AND NOT waiters AND holds > 0 AND expires_at > clock_timestamp()`
 
 	// acquire is the compare-and-swap: it takes the row only if its version is the
 	// one read and it is free (or expired) by the database clock, and increments the
@@ -40,7 +52,8 @@ ON DUPLICATE KEY UPDATE lock_key = lock_key`
 	// $1 key, $2 version read, $3 owner, $4 TTL µs, $5 host, $6 pid.
 	acquirePostgres = `UPDATE sqllock_optimistic o SET
   version = GREATEST(o.version, COALESCE((SELECT f.token FROM sqllock_fence f WHERE f.lock_key = $1), 0)) + 1,
-  owner = $3, holds = 1, acquired_at = n.t, expires_at = n.t + $4::bigint * interval '1 microsecond', host = $5, pid = $6
+  owner = $3, holds = 1, acquired_at = n.t, expires_at = n.t + $4::bigint * interval '1 microsecond', host = $5, pid = $6,
+  waiters = false
 FROM (SELECT clock_timestamp() AS t) n
 WHERE o.lock_key = $1 AND o.version = $2 AND o.expires_at <= n.t
 RETURNING o.version`
@@ -75,22 +88,23 @@ WHERE lock_key = ? AND version = ? AND owner = ? AND expires_at > UTC_TIMESTAMP(
 	// expires_at = now, the time it became free, holds 0).
 	//
 	// On PostgreSQL it notifies the waiters of a freed row, in the same statement,
-	// only if someone waits in the key's server-side line ($4, wait.Line): waiters
-	// wait there, or hold its lock while they wait for a holder that did not come
-	// through it (NOTIFY serialises the commits of the whole database, so a release
-	// nobody waits for sends none). It returns no row if the lease was not found, one
-	// if holds are left, two if the row was freed and three if someone waits in line
-	// (the caller reads the row count of an Exec).
-	releasePostgres = `WITH u AS (
+	// only if someone waits: a waiter marked the row (markPostgres), or someone waits
+	// in the key's server-side line (wait.Line; a waiter holds its lock while it
+	// waits for a holder that did not come through the line). NOTIFY serialises the
+	// commits of the whole database, so a release nobody waits for sends none. It
+	// returns no row if the lease was not found, one if holds are left, two if the
+	// row was freed and three if someone waits in line (the caller reads the row
+	// count of an Exec).
+	releasePostgresFmt = `WITH u AS (
   UPDATE sqllock_optimistic SET holds = GREATEST(holds - 1, 0),
     owner = CASE WHEN holds <= 1 THEN ''::bytea ELSE owner END,
     expires_at = CASE WHEN holds <= 1 THEN clock_timestamp() ELSE expires_at END
   WHERE lock_key = $1 AND version = $2 AND owner = $3 AND ` + rowlease.AsyncRelease + `
-  RETURNING lock_key, holds
+  RETURNING lock_key, holds, waiters
 ), w AS (
-  SELECT u.lock_key, u.holds, u.holds = 0 AND NOT pg_try_advisory_xact_lock_shared($4) AS in_line FROM u
+  SELECT u.lock_key, u.holds, u.waiters, u.holds = 0 AND NOT pg_try_advisory_xact_lock_shared(` + "%[1]s" + `) AS in_line FROM u
 )
-SELECT CASE WHEN w.in_line AND g = 1 THEN pg_notify('` + channel + `', encode(w.lock_key, 'hex')) END
+SELECT CASE WHEN (w.in_line OR w.waiters) AND w.holds = 0 AND g = 1 THEN pg_notify('` + channel + `', encode(w.lock_key, 'hex')) END
 FROM w CROSS JOIN generate_series(1, CASE WHEN w.in_line THEN 3 WHEN w.holds = 0 THEN 2 ELSE 1 END) g`
 	// MySQL runs the assignments left to right: owner and expires_at read the holds
 	// before the update, which comes last. Its insert id is 2 * the holds left +
@@ -104,17 +118,18 @@ WHERE lock_key = ? AND version = ? AND owner = ?`
 	// releaseLinePostgres is the release of a lease that came through the line, on
 	// its turn's session (holds 1): it frees the row, notifies the waiters if another
 	// session took the line lock (a waiter in line; wait.PgRelease gives it back
-	// first), and answers in one row: rows freed, then unlocked and in_line.
+	// first) or a waiter marked the row, and answers in one row: rows freed, then
+	// unlocked and in_line.
 	releaseLinePostgresFmt = `WITH u AS (
   UPDATE sqllock_optimistic SET holds = GREATEST(holds - 1, 0),
     owner = CASE WHEN holds <= 1 THEN ''::bytea ELSE owner END,
     expires_at = CASE WHEN holds <= 1 THEN clock_timestamp() ELSE expires_at END
   WHERE lock_key = $1 AND version = $2 AND owner = $3 AND ` + rowlease.AsyncRelease + `
-  RETURNING lock_key
+  RETURNING lock_key, waiters
 ), r AS (
-  SELECT c.n, ` + "%[1]s" + ` FROM (SELECT count(*) AS n FROM u) c
+  SELECT c.n, c.w, ` + "%[1]s" + ` FROM (SELECT count(*) AS n, COALESCE(bool_or(waiters), false) AS w FROM u) c
 )
-SELECT r.n, r.unlocked, r.in_line, CASE WHEN r.in_line AND r.n > 0 THEN pg_notify('` + channel + `', encode($1::bytea, 'hex')) END FROM r`
+SELECT r.n, r.unlocked, r.in_line, CASE WHEN (r.in_line OR r.w) AND r.n > 0 THEN pg_notify('` + channel + `', encode($1::bytea, 'hex')) END FROM r`
 	// releaseLineMySQL is that on MySQL (text: %[1]s key, %[2]d version, %[3]s
 	// owner, %[4]s wait.Line.MyRelease): the line lock is given back in the
 	// assignment, once the row is locked, before it commits; the insert id is 8 *
@@ -131,18 +146,22 @@ WHERE lock_key = %[1]s AND version = %[2]d AND owner = %[3]s`
 	// lock is held. The statement's snapshot predates that wait, so the row is taken
 	// with INSERT ... ON CONFLICT DO UPDATE, which locks and reads the current row:
 	// free (released or expired by the database clock) means taken, with the next
-	// version. A row the reaper deleted meanwhile is inserted, with the version
-	// after the name's sqllock_fence counter as the snapshot saw it: the answer's
-	// inserted column asks the caller to check that counter again (fixVersion),
-	// which a new statement sees as it is. It answers one row: the version (NULL if
-	// the lock is held), inserted, and whether the entry had to wait. A lock
-	// timeout error (55P03) means that the wait ran out and nothing was done.
+	// version (a row's version is never below the name's sqllock_fence counter: see
+	// createPostgres). A row the reaper deleted meanwhile is inserted, with the
+	// version after the name's sqllock_fence counter as the snapshot saw it: the
+	// answer's inserted column asks the caller to check that counter again
+	// (fixVersion), which a new statement sees as it is. It answers one row: the
+	// version (NULL if the lock is held), inserted, and whether the entry had to wait
+	// (NULL when the session is not the client's own, $9: wait.PgEnter; nothing was
+	// done then). A lock timeout error (55P03) means that the wait ran out and
+	// nothing was done.
 	//
-	// $1 key, $2 name, $3 owner, $4 TTL µs, $5 host, $6 pid, $9 the line's key.
+	// $1 key, $2 name, $3 owner, $4 TTL µs, $5 host, $6 pid, $9 the backend pid pgx
+	// saw.
 	acquireLinePostgresFmt = `WITH q AS MATERIALIZED (
   SELECT ` + "%[1]s" + ` AS waited, ` + "%[2]s" + ` AS bound
 ), n AS MATERIALIZED (
-  SELECT clock_timestamp() AS t FROM q
+  SELECT clock_timestamp() AS t FROM q WHERE q.waited IS NOT NULL
 ), u AS (
   INSERT INTO sqllock_optimistic AS o (lock_key, name, version, owner, holds, acquired_at, expires_at, host, pid)
   SELECT $1, $2, COALESCE((SELECT f.token FROM sqllock_fence f WHERE f.lock_key = $1), 0) + 1, $3, 1, n.t, n.t + $4::bigint * interval '1 microsecond', $5, $6
@@ -150,11 +169,11 @@ WHERE lock_key = %[1]s AND version = %[2]d AND owner = %[3]s`
   ON CONFLICT (lock_key) DO UPDATE SET
     version = GREATEST(o.version, COALESCE((SELECT f.token FROM sqllock_fence f WHERE f.lock_key = $1), 0)) + 1,
     owner = excluded.owner, holds = 1, acquired_at = excluded.acquired_at, expires_at = excluded.expires_at,
-    host = excluded.host, pid = excluded.pid
+    host = excluded.host, pid = excluded.pid, waiters = false
   WHERE o.holds = 0 OR o.expires_at <= excluded.acquired_at
   RETURNING o.version, xmax = 0 AS inserted
 )
-SELECT u.version, COALESCE(u.inserted, false), (SELECT waited FROM q) FROM (SELECT 1) one LEFT JOIN u ON true`
+SELECT u.version, COALESCE(u.inserted, false), q.waited FROM q LEFT JOIN u ON true`
 	// fixVersion raises the version of a row that acquireLinePostgres inserted past
 	// the name's sqllock_fence counter, read now. $1 key, $2 owner, $3 version.
 	fixVersionPostgres = `UPDATE sqllock_optimistic SET version = GREATEST(version, (SELECT f.token FROM sqllock_fence f WHERE f.lock_key = $1) + 1)
@@ -165,10 +184,12 @@ WHERE lock_key = $1 AND owner = $2 AND version = $3 RETURNING version`
 	// reads the current row, whatever the statement's start). A row released (holds
 	// 0) or expired is taken with the next version, the insert id. No row changed:
 	// the wait ran out, the lock is held, or the row is missing (the caller asks).
+	// The counter's read names the entry, so that it runs once the line lock is held,
+	// not while the entry waits (MariaDB evaluates an uncorrelated subquery first).
 	acquireLineMySQL = `UPDATE sqllock_optimistic o JOIN %[1]s q SET
   o.owner = %[3]s, o.holds = 1, o.acquired_at = UTC_TIMESTAMP(6), o.expires_at = UTC_TIMESTAMP(6) + INTERVAL %[4]d MICROSECOND,
   o.host = %[5]s, o.pid = %[6]d,
-  o.version = LAST_INSERT_ID(GREATEST(o.version, COALESCE((SELECT f.token FROM sqllock_fence f WHERE f.lock_key = %[2]s), 0)) + 1)
+  o.version = LAST_INSERT_ID(GREATEST(o.version, COALESCE((SELECT f.token FROM sqllock_fence f WHERE f.lock_key = %[2]s AND q.waited IS NOT NULL), 0)) + 1)
 WHERE o.lock_key = %[2]s AND (o.holds = 0 OR o.expires_at <= UTC_TIMESTAMP(6))`
 
 	// forget frees the row of an acquisition whose outcome the caller never learnt
@@ -227,6 +248,7 @@ FROM sqllock_optimistic WHERE lock_key = ? AND holds > 0 AND expires_at > UTC_TI
 // The statements that depend on the line's SQL.
 var (
 	releaseMySQL        = fmt.Sprintf(releaseMySQLFmt, wait.MyLineName("optimistic", "?"))
-	releaseLinePostgres = fmt.Sprintf(releaseLinePostgresFmt, wait.PgRelease("$4"))
-	acquireLinePostgres = fmt.Sprintf(acquireLinePostgresFmt, wait.PgEnter("$9", "$7"), wait.PgBound("$8"))
+	releasePostgres     = fmt.Sprintf(releasePostgresFmt, wait.PgLineKey("optimistic", "$1"))
+	releaseLinePostgres = fmt.Sprintf(releaseLinePostgresFmt, wait.PgRelease(wait.PgLineKey("optimistic", "$1")))
+	acquireLinePostgres = fmt.Sprintf(acquireLinePostgresFmt, wait.PgEnter(wait.PgLineKey("optimistic", "$1"), "$7", "$9"), wait.PgBound("$8", "$9"))
 )

@@ -197,7 +197,7 @@ func (le *Lease) releaseInLine(ctx context.Context) (int64, error) {
 			var notified sql.NullString
 			var unlocked, inLine bool
 			var reset string
-			err := conn.QueryRowContext(qctx, releaseLinePostgres, le.key, le.owner, le.token, le.l.b.Line.PgKey(le.key)).
+			err := conn.QueryRowContext(qctx, releaseLinePostgres, le.key, le.owner, le.token).
 				Scan(&n, &notified, &unlocked, &inLine, &reset)
 			if err == nil {
 				t.Released(unlocked, inLine)

@@ -35,7 +35,7 @@ func holdLine(t *testing.T, l *Locker, name string) func() {
 	key := namekey.Key(name)
 	var got sql.NullInt64
 	if l.b.Dialect == sqllock.Postgres {
-		_, err = conn.ExecContext(ctx, "SELECT pg_advisory_lock($1)", l.b.Line.PgKey(key))
+		_, err = conn.ExecContext(ctx, "SELECT pg_advisory_lock("+l.b.Line.PgKey("$1")+")", key)
 	} else {
 		err = conn.QueryRowContext(ctx, "SELECT GET_LOCK("+l.b.Line.MyName(wait.MyKey(key))+", 0)").Scan(&got)
 		if err == nil && got.Int64 != 1 {
@@ -51,7 +51,7 @@ func holdLine(t *testing.T, l *Locker, name string) func() {
 		// backend notices), then the session is closed, not pooled.
 		gctx := testdb.Context(t, 30*time.Second)
 		if l.b.Dialect == sqllock.Postgres {
-			_, err = conn.ExecContext(gctx, "SELECT pg_advisory_unlock($1)", l.b.Line.PgKey(key))
+			_, err = conn.ExecContext(gctx, "SELECT pg_advisory_unlock("+l.b.Line.PgKey("$1")+")", key)
 		} else {
 			_, err = conn.ExecContext(gctx, "DO RELEASE_LOCK("+l.b.Line.MyName(wait.MyKey(key))+")")
 		}
@@ -64,6 +64,16 @@ func holdLine(t *testing.T, l *Locker, name string) func() {
 	}
 }
 
+// pgLineKey is the advisory key of the line of key, as the server computes it.
+func pgLineKey(t *testing.T, l *Locker, admin *sql.DB, key []byte) int64 {
+	t.Helper()
+	var k int64
+	if err := admin.QueryRowContext(testdb.Context(t, 30*time.Second), "SELECT "+l.b.Line.PgKey("$1"), key).Scan(&k); err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
 // lineFree reports whether the line lock of name is free, asking the server.
 func lineFree(t *testing.T, l *Locker, admin *sql.DB, name string) bool {
 	t.Helper()
@@ -74,7 +84,7 @@ func lineFree(t *testing.T, l *Locker, admin *sql.DB, name string) bool {
 		// The advisory lock of a bigint key: classid and objid are its halves.
 		err := admin.QueryRowContext(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1
   AND classid::bigint = ($1::bigint >> 32) & 4294967295 AND objid::bigint = $1::bigint & 4294967295 AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`,
-			l.b.Line.PgKey(key)).Scan(&n)
+			pgLineKey(t, l, admin, key)).Scan(&n)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -96,7 +106,7 @@ func waitingInLine(t *testing.T, l *Locker, admin *sql.DB, name string) {
 		if l.b.Dialect == sqllock.Postgres {
 			var n int
 			if err := admin.QueryRowContext(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 AND NOT granted
-  AND classid::bigint = ($1::bigint >> 32) & 4294967295 AND objid::bigint = $1::bigint & 4294967295`, l.b.Line.PgKey(key)).Scan(&n); err != nil {
+  AND classid::bigint = ($1::bigint >> 32) & 4294967295 AND objid::bigint = $1::bigint & 4294967295`, pgLineKey(t, l, admin, key)).Scan(&n); err != nil {
 				t.Fatal(err)
 			}
 			if n > 0 {
@@ -148,13 +158,14 @@ func userLockWaits(t *testing.T, ctx context.Context, admin *sql.DB, text string
 }
 
 // TestLineStaleLock: a line lock held by a session that does not hold the lease (a
-// partitioned holder's, a pooler's) delays a waiter by at most one entry's wait: it
-// then attempts directly and gets the lock once it is free.
+// partitioned holder's, before the server ends its session) delays a waiter by at
+// most one entry's wait (the TTL): it then attempts directly and gets the lock once
+// it is free.
 func TestLineStaleLock(t *testing.T) {
 	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
 		admin := testdb.Open(t, d)
 		name := testdb.Name(t)
-		waiter := newLocker(t, testdb.Open(t, d), d, WithPollInterval(200*time.Millisecond)) // an entry waits 1s at most
+		waiter := newLocker(t, testdb.Open(t, d), d, WithTTL(2*time.Second), WithPollInterval(200*time.Millisecond)) // an entry waits 2s at most
 		holder := newLocker(t, testdb.Open(t, d), d)
 		giveBack := holdLine(t, waiter, name)
 		defer giveBack()
@@ -183,8 +194,8 @@ func TestLineStaleLock(t *testing.T) {
 			t.Logf("acquired %v after the holder's release, the line lock still held elsewhere", at.Sub(released).Round(time.Millisecond))
 		case err := <-errc:
 			t.Fatal(err)
-		case <-time.After(10 * time.Second):
-			t.Fatal("the waiter did not get the lock within 10s of its release: it waits for a line lock nobody gives back")
+		case <-time.After(6 * time.Second):
+			t.Fatal("the waiter did not get the lock within 6s of its release (TTL 2s): it waits for a line lock nobody gives back")
 		}
 	})
 }
@@ -275,7 +286,7 @@ func TestLineLongHold(t *testing.T) {
 		admin := testdb.Open(t, d)
 		name := testdb.Name(t)
 		l := newLocker(t, testdb.Open(t, d), d, WithTTL(2*time.Second)) // session bound: 2s idle
-		l.b.Line.Saw(string(namekey.Key(name)))                       // contended: through the line at once
+		l.b.Line.Saw(string(namekey.Key(name)))                         // contended: through the line at once
 		lease, err := l.Acquire(testdb.Context(t, 30*time.Second), name)
 		if err != nil {
 			t.Fatal(err)
@@ -303,5 +314,50 @@ func TestLineLongHold(t *testing.T) {
 			}
 			time.Sleep(10 * time.Millisecond) // no signal for a lock the server frees
 		}
+	})
+}
+
+// TestLineEntryLocksNothing: a statement that waits in the line holds no row or gap
+// lock meanwhile: another session may write the name's fence counter and lease row.
+func TestLineEntryLocksNothing(t *testing.T) {
+	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
+		admin := testdb.Open(t, d)
+		name := testdb.Name(t)
+		key := namekey.Key(name)
+		waiter := newLocker(t, testdb.Open(t, d), d)
+		giveBack := holdLine(t, waiter, name)
+		defer giveBack()
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			waiter.b.Line.Saw(string(key)) // contended: the Acquire enters the line at once
+			if lease, err := waiter.Acquire(ctx, name); err == nil {
+				lease.Release(context.Background())
+			}
+		}()
+		waitingInLine(t, waiter, admin, name)
+		conn, err := admin.Conn(testdb.Context(t, 30*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		wctx := testdb.Context(t, 30*time.Second)
+		timeout := "SET SESSION innodb_lock_wait_timeout = 1"
+		ins := "INSERT INTO sqllock_fence (lock_key, name, token) VALUES (?, ?, 1) ON DUPLICATE KEY UPDATE token = token + 1"
+		if d == sqllock.Postgres {
+			timeout = "SET lock_timeout = 1000"
+			ins = "INSERT INTO sqllock_fence (lock_key, name, token) VALUES ($1, $2, 1) ON CONFLICT (lock_key) DO UPDATE SET token = sqllock_fence.token + 1"
+		}
+		if _, err := conn.ExecContext(wctx, timeout); err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		if _, err := conn.ExecContext(wctx, ins, key, []byte(name)); err != nil {
+			t.Fatalf("writing the name's fence counter while a waiter waits in line: %v (after %v)", err, time.Since(start))
+		}
+		cancel()
+		<-done
 	})
 }

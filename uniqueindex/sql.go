@@ -34,8 +34,13 @@ const (
 	// started: a row released while the statement waited (in the line, or for the
 	// releasing statement's row lock) is free by its holds, not by its time. In ON
 	// DUPLICATE KEY UPDATE the assignments run left to right and see the new values of
-	// earlier columns, so holds and expires_at, which the conditions read, come last
-	// (expires_at's own condition holds for a takeover by the new owner).
+	// earlier columns, so holds and expires_at, which the conditions read, come last;
+	// expires_at's own condition holds for a takeover both ways: by the new owner, or,
+	// where the assignments all read the old row (MariaDB's sql_mode
+	// SIMULTANEOUS_ASSIGNMENT), by the row being free. In the line's form (%[1]s, the
+	// entry) the counter's read names the entry (%[3]s), so that it runs once the
+	// line lock is held, not while the entry waits (MariaDB evaluates an uncorrelated
+	// subquery first).
 	//
 	// The outcome is read from the insert id, never from the affected-rows count (which
 	// depends on the client's clientFoundRows flag): both branches set it with
@@ -51,7 +56,7 @@ const (
 	// ? key, name, owner, key, TTL µs, host, pid, then in the update clause:
 	// owner, host, pid, owner, reentrant, owner, owner, TTL µs.
 	acquireMySQLFmt = `INSERT INTO sqllock_lease (lock_key, name, owner, holds, token, acquired_at, expires_at, host, pid)
-SELECT ?, ?, ?, 1, LAST_INSERT_ID(2 * (COALESCE((SELECT f.token FROM sqllock_fence f WHERE f.lock_key = ? LOCK IN SHARE MODE), 0) + 1) + 1) DIV 2,
+SELECT ?, ?, ?, 1, LAST_INSERT_ID(2 * (COALESCE((SELECT f.token FROM sqllock_fence f WHERE f.lock_key = ?%[3]s LOCK IN SHARE MODE), 0) + 1) + 1) DIV 2,
   UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, ?, ?%[1]s
 ON DUPLICATE KEY UPDATE
   sqllock_lease.token       = LAST_INSERT_ID(2 * IF(%[2]s, sqllock_lease.token + 1, sqllock_lease.token)
@@ -61,7 +66,7 @@ ON DUPLICATE KEY UPDATE
   sqllock_lease.pid         = IF(%[2]s, ?, sqllock_lease.pid),
   sqllock_lease.owner       = IF(%[2]s, ?, sqllock_lease.owner),
   sqllock_lease.holds       = IF(%[2]s, 1, IF(? AND sqllock_lease.owner = ?, sqllock_lease.holds + 1, sqllock_lease.holds)),
-  sqllock_lease.expires_at  = IF(sqllock_lease.expires_at <= UTC_TIMESTAMP(6) OR sqllock_lease.owner = ?,
+  sqllock_lease.expires_at  = IF(%[2]s OR sqllock_lease.owner = ?,
                    GREATEST(sqllock_lease.expires_at, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND), sqllock_lease.expires_at)`
 
 	// renew extends the lease if the row is still this lease's (key, owner, token)
@@ -181,22 +186,23 @@ FROM sqllock_lease WHERE lock_key = ? AND expires_at > UTC_TIMESTAMP(6)`
 // ($10 ms); the fence increment reads q, so everything else runs once the line lock
 // is held. The statement's snapshot predates that wait, but nothing decides on it:
 // ON CONFLICT locks and reads the current row (and a row deleted meanwhile is no
-// conflict); only the waiter's hint reads the snapshot. A fourth column says whether
-// the entry had to wait. A lock timeout error (55P03) means that the wait ran out
-// and nothing was done. $11 is the line's key.
+// conflict); only the waiter's hint reads the snapshot. It answers one row, whose
+// fourth column says whether the entry had to wait, or is NULL if the session is not
+// the client's own ($11, wait.PgEnter): nothing was done then. A lock timeout error
+// (55P03) means that the wait ran out and nothing was done.
 var (
 	// releaseLinePostgres is releasePostgres on a turn's session, which also gives the
-	// line lock ($4) back (wait.PgRelease) once the row is deleted: one row, the rows
+	// line lock back (wait.PgRelease) once the row is deleted: one row, the rows
 	// deleted, the notification, then unlocked and in_line.
 	releaseLinePostgres = `WITH d AS (DELETE FROM sqllock_lease WHERE lock_key = $1 AND owner = $2 AND token = $3 AND holds <= 1
   AND ` + rowlease.AsyncRelease + ` RETURNING lock_key, waiters)
-SELECT c.n, c.notified, ` + wait.PgRelease("$4") + `
+SELECT c.n, c.notified, ` + wait.PgRelease(wait.PgLineKey("uniqueindex", "$1")) + `
 FROM (SELECT count(*) AS n, string_agg(CASE WHEN waiters THEN pg_notify('` + channel + `', encode(lock_key, 'hex'))::text END, '') AS notified FROM d) c`
-	acquireMySQL        = fmt.Sprintf(acquireMySQLFmt, "", freeMySQL)
+	acquireMySQL        = fmt.Sprintf(acquireMySQLFmt, "", freeMySQL, "")
 	releaseMySQL        = fmt.Sprintf(releaseMySQLFmt, wait.MyLineName("uniqueindex", "?"))
-	acquirePostgres     = acquirePg("", "VALUES ($1, $2, 1)", "")
-	acquireLinePostgres = acquirePg("q AS MATERIALIZED (SELECT "+wait.PgEnter("$11", "$9")+" AS waited, "+wait.PgBound("$10")+" AS bound), ",
-		"SELECT $1, $2, 1 FROM q", ", (SELECT waited FROM q)")
+	acquirePostgres     = acquirePg("", "VALUES ($1, $2, 1)", false)
+	acquireLinePostgres = acquirePg("q AS MATERIALIZED (SELECT "+wait.PgEnter(wait.PgLineKey("uniqueindex", "$1"), "$9", "$11")+
+		" AS waited, "+wait.PgBound("$10", "$11")+" AS bound), ", "SELECT $1, $2, 1 FROM q WHERE q.waited IS NOT NULL", true)
 )
 
 // freeMySQL is the condition of acquireMySQL under which the row is free.
@@ -223,10 +229,16 @@ const freeMySQL = "(sqllock_lease.holds = 0 OR sqllock_lease.expires_at <= UTC_T
 // finds no row to wait for. granted tells a grant from a mark.
 //
 // head is prepended to the WITH list, fence is the row source of the counter's
-// insert, extra is appended to the answer's columns.
+// insert; inLine makes the answer one row of four columns, the fourth the entry's
+// (see acquireLinePostgres).
 //
 // $1 key, $2 name, $3 owner, $4 TTL µs, $5 reentrant, $6 host, $7 pid, $8 will wait.
-func acquirePg(head, fence, extra string) string {
+func acquirePg(head, fence string, inLine bool) string {
+	open, close := "", ""
+	if inLine {
+		open = "SELECT COALESCE(r.token, 0), COALESCE(r.holds, 0), COALESCE(r.rem, 0), q.waited FROM q LEFT JOIN (\n"
+		close = "\n) r ON true"
+	}
 	return fmt.Sprintf(`WITH %[1]sf AS (
   INSERT INTO sqllock_fence AS f (lock_key, name, token) %[2]s
   ON CONFLICT (lock_key) DO UPDATE SET token = f.token + 1
@@ -249,10 +261,10 @@ func acquirePg(head, fence, extra string) string {
   WHERE l.expires_at <= excluded.acquired_at OR l.owner = excluded.owner OR ($8::boolean AND NOT l.waiters)
   RETURNING l.token, l.holds, l.owner = $3 AS granted, l.expires_at
 )
-SELECT token, holds, 0::bigint%[3]s FROM ins WHERE granted
+%[3]sSELECT token, holds, 0::bigint AS rem FROM ins WHERE granted
 UNION ALL
-SELECT 0, 0, GREATEST(0, floor(extract(epoch FROM (expires_at - clock_timestamp())) * 1000000))::bigint%[3]s FROM ins WHERE NOT granted
+SELECT 0, 0, GREATEST(0, floor(extract(epoch FROM (expires_at - clock_timestamp())) * 1000000))::bigint FROM ins WHERE NOT granted
 UNION ALL
-SELECT 0, 0, GREATEST(0, floor(extract(epoch FROM (expires_at - clock_timestamp())) * 1000000))::bigint%[3]s
-  FROM sqllock_lease WHERE lock_key = $1 AND NOT EXISTS (SELECT 1 FROM ins)`, head, fence, extra)
+SELECT 0, 0, GREATEST(0, floor(extract(epoch FROM (expires_at - clock_timestamp())) * 1000000))::bigint
+  FROM sqllock_lease WHERE lock_key = $1 AND NOT EXISTS (SELECT 1 FROM ins)%[4]s`, head, fence, open, close)
 }

@@ -76,19 +76,23 @@
 //
 //   - A waiter in line holds one pooled connection of its Locker, per name, from
 //     its entry until it gives the lock back (at most 16 per Locker, and a quarter
-//     of a bounded pool; beyond that, waiters wait without the line). That session
-//     carries a server-enforced bound (idle_session_timeout and tcp_user_timeout on
+//     of a bounded pool, none below 4 connections; beyond that, waiters wait without
+//     the line). The lease's renewals run on that session. It carries a
+//     server-enforced bound (idle_session_timeout and tcp_user_timeout on
 //     PostgreSQL, wait_timeout on MySQL: the TTL), so a partitioned holder's line
 //     lock is freed by the server, like its lease.
 //   - A line lock held by a session that does not hold the lease (a frozen or
-//     partitioned holder, before the bound ends its session) delays each waiter by
-//     one entry's wait at most (the poll interval, at least a second): the waiter
-//     then attempts directly and takes the lock once the lease row is free, and does
-//     not use that name's line for 30 s.
-//   - Behind a transaction-pooling proxy (pgbouncer pool_mode=transaction) a
-//     session lock does not stay with its client: the first release that finds its
-//     line lock gone turns the Locker's line off (one warning), and its waiters wait
-//     as below.
+//     partitioned holder or waiter, before the bound ends its session) delays each
+//     waiter by one entry's wait at most (the TTL, or the poll interval if longer):
+//     the waiter then attempts directly and takes the lock once the lease row is
+//     free, and does not use that name's line for 30 s. A lease held for longer than
+//     that sends its waiters through one such direct attempt per entry's wait; they
+//     enter the line again in the order their waits ran out.
+//   - Behind a pooler (pgbouncer), on PostgreSQL, the server session is not the
+//     one the client connected to (pg_backend_pid() differs from the pid pgx saw):
+//     the first entry sees it, takes nothing and turns the Locker's line off (one
+//     warning); its waiters wait as below. The same happens with a driver other
+//     than pgx. On MySQL a release that finds its line lock gone turns the line off.
 //   - On Galera, GET_LOCK is local to a node: processes on different nodes queue in
 //     different lines and meet at the lease row.
 //
@@ -124,8 +128,10 @@
 //
 // Acquire+Release is two statements on both databases, contended or not (prepared
 // once per Locker on MySQL, so each is one round trip with go-sql-driver's default
-// settings; a turn in the line sends its two as text). A renewal is one UPDATE per
-// lease every keep-alive interval.
+// settings; a turn in the line sends its two as text). On MySQL a turn's session
+// also costs, when it is new to the Locker, the statements that set and later put
+// back its bound and one that reads its id; the Locker keeps a few such sessions for
+// reuse. A renewal is one UPDATE per lease every keep-alive interval.
 package uniqueindex
 
 import (
@@ -139,7 +145,6 @@ import (
 	"time"
 
 	"github.com/sqllock/sqllock"
-	"github.com/sqllock/sqllock/internal/fence"
 	"github.com/sqllock/sqllock/internal/lease"
 	"github.com/sqllock/sqllock/internal/namekey"
 	"github.com/sqllock/sqllock/internal/pin"
@@ -322,13 +327,13 @@ func (l *Locker) acquireLease(ctx context.Context, op, name string, opts []sqllo
 		Attempt: func(ctx context.Context) (wait.Result, error) {
 			var err error
 			res, err = l.attempt(ctx, nil, false, key, name, owner, tm.TTL, reentrant, block)
-			return l.fresh(ctx, &res, key, owner, tm.TTL, err)
+			return l.fresh(ctx, nil, &res, key, owner, tm.TTL, err)
 		},
 		Line: l.b.Line,
 		InLine: func(ctx context.Context, t *wait.Turn, enter bool) (wait.Result, error) {
 			var err error
 			res, err = l.attempt(ctx, t, enter, key, name, owner, tm.TTL, reentrant, block)
-			return l.fresh(ctx, &res, key, owner, tm.TTL, err)
+			return l.fresh(ctx, t, &res, key, owner, tm.TTL, err)
 		},
 	}.Run(ctx)
 	if err != nil {
@@ -345,11 +350,12 @@ func (l *Locker) acquireLease(ctx context.Context, op, name string, opts []sqllo
 }
 
 // fresh turns an attempt's outcome into the loop's, renewing a grant at once if its
-// statement took long (rowlease.Fresh).
-func (l *Locker) fresh(ctx context.Context, res *attemptResult, key, owner []byte, ttl time.Duration, err error) (wait.Result, error) {
+// statement took long (rowlease.Fresh): on turn t's session, if the grant came
+// through the line (rowlease.Kept).
+func (l *Locker) fresh(ctx context.Context, t *wait.Turn, res *attemptResult, key, owner []byte, ttl time.Duration, err error) (wait.Result, error) {
 	if err == nil && res.ok {
 		res.start, res.ok, err = l.b.Fresh(ctx, res.start, ttl, func(ctx context.Context) (bool, error) {
-			n, err := l.b.Changed(ctx, nil, l.b.Pick(renewPostgres, renewMySQL), renewArgs(l.b.Dialect, key, owner, res.token, ttl)...)
+			n, err := l.b.Kept(ctx, t, nil, l.b.Pick(renewPostgres, renewMySQL), renewArgs(l.b.Dialect, key, owner, res.token, ttl)...)
 			return n > 0, err
 		})
 	}
@@ -377,10 +383,13 @@ func (l *Locker) attempt(ctx context.Context, t *wait.Turn, enter bool, key []by
 		dest := []any{&tok, &holds, &rem}
 		if enter {
 			query = acquireLinePostgres
-			args = append(args, pin.Millis(lineWait), pin.Millis(ttl), l.b.Line.PgKey(key))
+			args = append(args, pin.Millis(lineWait), pin.Millis(ttl), nil)
 			dest = append(dest, &waited)
 		}
 		stmt := func(qctx context.Context, conn *sql.Conn) error {
+			if enter {
+				args[len(args)-1] = wait.PgPID(conn)
+			}
 			// The grant's clock starts when the statement is sent, not before the
 			// connection was obtained (possibly dialled).
 			res.start = l.b.Now()
@@ -395,6 +404,9 @@ func (l *Locker) attempt(ctx context.Context, t *wait.Turn, enter bool, key []by
 		switch {
 		case enter && sqlerr.Is(err, sqlerr.LockTimeout):
 			return attemptResult{}, nil // the line's wait ran out: not entered
+		case enter && err == nil && !waited.Valid:
+			l.b.Line.Off("the server session is not the one the client connected to")
+			return attemptResult{}, nil
 		case errors.Is(err, sql.ErrNoRows):
 			return attemptResult{entered: enter}, nil
 		case err != nil:
@@ -446,7 +458,11 @@ func (l *Locker) acquireText(enter bool, key []byte, name string, owner []byte, 
 		re = "TRUE"
 	}
 	vals := []string{k, wait.MyKey([]byte(name)), o, k, u, h, pid, o, h, pid, o, re, o, o, u}
-	q := fmt.Sprintf(acquireMySQLFmt, from, freeMySQL)
+	correlate := ""
+	if enter {
+		correlate = " AND q.waited IS NOT NULL"
+	}
+	q := fmt.Sprintf(acquireMySQLFmt, from, freeMySQL, correlate)
 	var b strings.Builder
 	for _, part := range strings.Split(q, "?") {
 		b.WriteString(part)
@@ -483,15 +499,6 @@ func (l *Locker) forget(ctx context.Context, key, owner []byte) {
 	}, l.b.Cfg.Logger)
 }
 
-// fenceNext is fence.Next on MySQL, through a prepared statement.
-func (l *Locker) fenceNext(ctx context.Context, key []byte, name string) (int64, error) {
-	res, err := l.exec(ctx, fence.NextMySQL, key, []byte(name))
-	if err != nil {
-		return 0, err
-	}
-	return fence.MySQLToken(res)
-}
-
 // Sweeper deletes expired lease rows for the reaper package (it implements
 // reaper.Sweeper).
 type Sweeper struct {
@@ -501,9 +508,11 @@ type Sweeper struct {
 }
 
 // NewSweeper returns the Sweeper of the lease table: each batch deletes rows whose
-// lease expired more than grace ago by the database clock, in short statements that
-// lock only the rows they delete (see SweepBatch). Tokens are unaffected: they live
-// in sqllock_fence, which is never swept.
+// lease expired (or, on MySQL, was released) more than grace ago by the database
+// clock, in short statements that lock only the rows they delete (see SweepBatch).
+// Tokens are unaffected: on PostgreSQL they live in sqllock_fence, which is never
+// swept; on MySQL, where a row carries its name's last token, the batch first raises
+// the name's sqllock_fence counter to it.
 func NewSweeper(db *sql.DB, d sqllock.Dialect, grace time.Duration) (*Sweeper, error) {
 	if db == nil || !d.Valid() || grace < 0 {
 		return nil, &sqllock.Error{Op: "new-sweeper", Dialect: d, Kind: sqllock.ErrInvalidOption,
@@ -521,10 +530,11 @@ func (s *Sweeper) Name() string { return "sqllock_lease" }
 //
 // On PostgreSQL it is one statement that locks its candidates FOR UPDATE SKIP LOCKED
 // and deletes them: it never waits for a lock. On MySQL it reads the keys of the
-// candidates without locking, then deletes them by primary key in one statement that
-// re-checks their expiry, locking only those rows and no index range, so that live
-// leases (their Release, renewal or takeover) are never blocked by a sweep. A
-// deadlock or lock wait timeout is returned as is; the reaper retries the batch.
+// candidates without locking, then, in one transaction, raises their names' counters
+// and deletes them by primary key, re-checking their expiry, locking only those rows
+// and no index range, so that live leases (their Release, renewal or takeover) are
+// never blocked by a sweep (rowlease.StashingSweepMySQL). A deadlock or lock wait
+// timeout is returned as is; the reaper retries the batch.
 func (s *Sweeper) SweepBatch(ctx context.Context, limit int) (deleted int, more bool, err error) {
 	if limit <= 0 {
 		return 0, false, nil

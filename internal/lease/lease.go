@@ -487,6 +487,10 @@ func (l *Lease) cleanUpAfterLoss() {
 	}
 	l.cleaned = true
 	l.mu.Unlock()
+	// Not while a Refresh runs: a keeper's state (a pinned session) is used by one
+	// keep-alive or give-back at a time.
+	l.renewMu.Lock()
+	defer l.renewMu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), GiveBackTimeout)
 	defer cancel()
 	if err := l.keeper.GiveBack(ctx, true); err != nil {

@@ -195,12 +195,12 @@ func (b *Locker) Changed(ctx context.Context, onRetry func(error), query string,
 	return n, err
 }
 
-// Kept runs a lease's renewal statement (see Changed): on the session of turn t
-// while that session holds the line lock, which keeps it from idling into its
-// server-enforced bound (the server would end it and free the line lock while the
-// lease lives); else, or if that session fails, on the pool.
+// Kept runs a lease's renewal statement (see Changed): on the session of turn t, if
+// any, which keeps it from idling into its server-enforced bound (the server would
+// end it and free the line lock while the lease lives) and needs no second pooled
+// connection; else, or if that session fails, on the pool.
 func (b *Locker) Kept(ctx context.Context, t *wait.Turn, onRetry func(error), query string, args ...any) (int64, error) {
-	if t.In() && !t.Dirty() {
+	if t != nil && !t.Dirty() {
 		var n int64
 		err := t.Run(ctx, b.Strategy+" keepalive", func(qctx context.Context, conn *sql.Conn) error {
 			res, err := conn.ExecContext(qctx, query, args...)

@@ -16,7 +16,9 @@ import (
 // The candidates are read without locks (a consistent read); then, in one
 // transaction, their counters are raised under the rows' locks (a locking read of
 // the candidates by primary key, still free) and they are deleted by primary key,
-// re-checked. FORCE INDEX (PRIMARY), in the statement forms that accept it, makes the
+// re-checked, and only if the counter now covers their token (the two statements
+// read the clock at their own starts: a row freed in between is kept for the next
+// batch rather than deleted without its token). FORCE INDEX (PRIMARY), in the statement forms that accept it, makes the
 // primary key the only access path whatever the statistics say (on a small table the
 // optimizer otherwise prefers a full scan, which at REPEATABLE READ locks every row
 // it reads, live ones included): rows are locked one by one in key order, so
@@ -70,7 +72,8 @@ func SweepStatementsMySQL(table, tokenCol string, n int) (stash, del string) {
 		") FOR UPDATE\n" +
 		// not VALUES(token): deprecated on MySQL (1287)
 		"ON DUPLICATE KEY UPDATE token = GREATEST(sqllock_fence.token, o." + tokenCol + ")"
-	del = "DELETE o FROM " + table + " o FORCE INDEX (PRIMARY)\nWHERE o.expires_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND AND o.lock_key IN (" + in + ")"
+	del = "DELETE o FROM " + table + " o FORCE INDEX (PRIMARY) LEFT JOIN sqllock_fence f ON f.lock_key = o.lock_key\nWHERE o." + tokenCol +
+		" <= COALESCE(f.token, 0) AND o.expires_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND AND o.lock_key IN (" + in + ")"
 	return stash, del
 }
 

@@ -11,7 +11,6 @@ import (
 
 	"github.com/sqllock/sqllock"
 	"github.com/sqllock/sqllock/internal/interrupt"
-	"github.com/sqllock/sqllock/internal/namekey"
 	"github.com/sqllock/sqllock/internal/pin"
 	"github.com/sqllock/sqllock/internal/sqlerr"
 )
@@ -67,16 +66,21 @@ const (
 )
 
 // NewLine returns the line of a Locker of strategy space on db, whose sessions are
-// bounded by ttl. An entry waits at most poll (at least a second) before the waiter
-// makes an attempt of its own.
+// bounded by ttl. An entry waits at most the TTL (or poll, if longer) before the
+// waiter makes an attempt of its own: the line lock of a session that no longer
+// holds the lease is freed by the server within the TTL (the session's bound), so a
+// longer wait would add nothing, and a shorter one would send the waiters of a long
+// hold to the back of the line over and over. The Locker's pool, as configured when
+// New is called, caps the turns out at a quarter of its connections (none for a pool
+// of fewer than 4), and 16 for a pool without a limit.
 func NewLine(db *sql.DB, d sqllock.Dialect, space string, ttl, poll time.Duration, log *slog.Logger) *Line {
 	n := maxTurns
 	if m := db.Stats().MaxOpenConnections; m > 0 {
-		n = min(n, max(1, m/4))
+		n = min(n, m/4)
 	}
 	return &Line{
 		db: db, dialect: d, space: space, pins: pin.New(db, d, ttl, log), log: log, max: n,
-		wait: max(poll, time.Second),
+		wait: max(poll, ttl),
 		seen: map[string]time.Time{}, stale: map[string]time.Time{},
 	}
 }
@@ -138,7 +142,15 @@ func (ln *Line) Stale(key string) bool {
 func (ln *Line) MarkStale(key string) {
 	ln.mu.Lock()
 	defer ln.mu.Unlock()
-	ln.stale[key] = time.Now().Add(staleFor)
+	now := time.Now()
+	if len(ln.stale) >= 4096 {
+		for k, until := range ln.stale {
+			if now.After(until) {
+				delete(ln.stale, k)
+			}
+		}
+	}
+	ln.stale[key] = now.Add(staleFor)
 	delete(ln.seen, key)
 	ln.log.Debug("sqllock/"+ln.space+": the line lock of a key is held by a session that does not hold the lease; waiting without the line for a while", "for", staleFor)
 }
@@ -253,15 +265,8 @@ func (t *Turn) Released(unlocked, inLine bool) {
 		t.in = false
 	} else if t.in {
 		// The session that entered the line does not hold its lock: the statements
-		// of one connection reach different server sessions (a transaction-pooling
-		// proxy such as pgbouncer pool_mode=transaction). The line cannot work there.
-		t.ln.mu.Lock()
-		if !t.ln.off {
-			t.ln.off = true
-			t.ln.log.Warn("sqllock/" + t.ln.space + ": the server-side line lock was not held by the session that took it " +
-				"(a transaction-pooling proxy?); contended acquisitions wait without it from now on")
-		}
-		t.ln.mu.Unlock()
+		// of one connection reach different server sessions. The line cannot work.
+		t.ln.Off("the line lock was not held by the session that took it")
 		t.dirty = true // the lock is somewhere else; this session is of no use
 	}
 	if inLine {
@@ -290,10 +295,16 @@ func (ln *Line) EntryContext(ctx context.Context, attempt time.Duration) (contex
 	return c, cancel, w
 }
 
-// PgKey is the PostgreSQL advisory key of the line of key.
-func (ln *Line) PgKey(key []byte) int64 {
-	return namekey.Int64("sqllock/line/"+ln.space, string(key))
+// PgLineKey is the SQL expression of the PostgreSQL advisory key (bigint) of the
+// line of the lock key keySQL (a bytea parameter) of strategy space: advisory keys
+// are per database, and the schema the session works in (current_schema(), where
+// its tables are) is part of it, computed by the server in the statement.
+func PgLineKey(space, keySQL string) string {
+	return "hashtextextended(COALESCE(current_schema(), '') || '/sqllock/line/" + space + "/' || encode(" + keySQL + ", 'hex'), 0)"
 }
+
+// PgKey is PgLineKey of the Locker's strategy.
+func (ln *Line) PgKey(keySQL string) string { return PgLineKey(ln.space, keySQL) }
 
 // MyName is the SQL expression of the MySQL GET_LOCK name of the line of a key, whose
 // SQL is keySQL (a "?" parameter, or MyKey): the database's name is part of it
@@ -312,31 +323,52 @@ func MyLineName(space, keySQL string) string {
 func MyKey(key []byte) string { return "X'" + hex.EncodeToString(key) + "'" }
 
 // PgEnter is the SQL expression that enters the line of PostgreSQL advisory key k
-// (a parameter, bigint) and evaluates to whether the session had to wait: it takes
-// the line lock at once if it is free, else waits for it with a lock_timeout of ms
-// (a parameter, text, milliseconds), which it puts back once the lock is held, so
-// that the rest of the statement waits as it would without it. The evaluation order
-// is that of the CASE. A statement that fails with a lock timeout (55P03) did not
-// enter the line. It sets nothing else: see PgBound.
-func PgEnter(k, ms string) string {
-	return "CASE WHEN pg_try_advisory_lock(" + k + ") THEN false" +
+// (a PgLineKey expression) and evaluates to whether the session had to wait: it
+// takes the line lock at once if it is free, else waits for it with a lock_timeout of
+// ms (a parameter, text, milliseconds), which it turns off once the lock is held, so
+// that the rest of the statement is bounded by its caller's context alone (a
+// lock_timeout that a role, a database or the DSN sets is not put back: a timeout of
+// the statement's own waits must never be taken for the entry's). The evaluation
+// order is that of the CASE. A statement that fails with a lock timeout (55P03) did
+// not enter the line.
+//
+// It evaluates to NULL, and takes nothing, when the server session is not the one
+// the client connected to: pg_backend_pid() differs from pid (a parameter, the
+// backend pid pgx received when it connected, PgPID), which is what a pooler such
+// as pgbouncer shows. A session lock does not stay with its client behind a
+// transaction-pooling proxy, so the line is not used there (Line.Off).
+func PgEnter(k, ms, pid string) string {
+	return "CASE WHEN pg_backend_pid() <> " + pid + " THEN NULL" +
+		" WHEN pg_try_advisory_lock(" + k + ") THEN false" +
 		" WHEN set_config('lock_timeout', " + ms + ", true) IS NULL THEN NULL" +
 		" WHEN pg_advisory_lock(" + k + ") IS NULL THEN NULL" +
-		" WHEN set_config('lock_timeout', NULL, true) IS NULL THEN true ELSE true END"
+		" WHEN set_config('lock_timeout', '0', true) IS NULL THEN true ELSE true END"
 }
 
 // PgBound is the SQL expression that sets the server-enforced bound of a turn's
-// session, ms (a parameter, text, milliseconds): the server ends the session if it
-// stays idle (idle_session_timeout) or its client stops acknowledging
-// (tcp_user_timeout) for longer, which frees the line lock. PgRelease puts them back.
-func PgBound(ms string) string {
-	return "set_config('idle_session_timeout', " + ms + ", false) || set_config('tcp_user_timeout', " + ms + ", false)"
+// session, ms (a parameter, text, milliseconds), if the session is the client's own
+// (pid, as for PgEnter): the server ends the session if it stays idle
+// (idle_session_timeout) or its client stops acknowledging (tcp_user_timeout) for
+// longer, which frees the line lock. PgRelease puts them back.
+func PgBound(ms, pid string) string {
+	return "CASE WHEN pg_backend_pid() = " + pid + " THEN set_config('idle_session_timeout', " + ms + ", false) || " +
+		"set_config('tcp_user_timeout', " + ms + ", false) END"
+}
+
+// PgPID is the backend pid of conn's session as pgx received it when it connected
+// (0 with another driver: the line is then not used), for PgEnter and PgBound.
+func PgPID(conn *sql.Conn) int64 {
+	if pc := interrupt.PgConn(conn); pc != nil {
+		return int64(pc.PID())
+	}
+	return 0
 }
 
 // PgRelease is the SQL select-list fragment, for the end of a release statement run
-// on a turn's session, that gives back the line lock of advisory key k (a parameter)
-// and puts the session's bound back: two boolean columns, unlocked (the session held
-// it) and in_line (another session took it at once), then the reset settings.
+// on a turn's session, that gives back the line lock of advisory key k (a PgLineKey
+// expression) and puts the session's bound back: two boolean columns, unlocked (the
+// session held it) and in_line (another session took it at once), then the reset
+// settings.
 func PgRelease(k string) string {
 	return "pg_advisory_unlock(" + k + ") AS unlocked, NOT pg_try_advisory_xact_lock_shared(" + k + ") AS in_line, " +
 		"set_config('idle_session_timeout', NULL, false) || set_config('tcp_user_timeout', NULL, false) AS reset"
@@ -375,14 +407,26 @@ func MyReleased(v int64) (unlocked, inLine, ok bool) {
 // unlockSQL gives the line lock of key back on its own.
 func (ln *Line) unlockSQL(key []byte) string {
 	if ln.dialect == sqllock.Postgres {
-		return "SELECT pg_advisory_unlock($1), set_config('idle_session_timeout', NULL, false), set_config('tcp_user_timeout', NULL, false)"
+		return "SELECT pg_advisory_unlock(" + ln.PgKey("$1") + "), set_config('idle_session_timeout', NULL, false), set_config('tcp_user_timeout', NULL, false)"
 	}
 	return "DO RELEASE_ALL_LOCKS()"
 }
 
 func (ln *Line) unlockArgs(key []byte) []any {
 	if ln.dialect == sqllock.Postgres {
-		return []any{ln.PgKey(key)}
+		return []any{key}
 	}
 	return nil
+}
+
+// Off turns the Locker's line off for good, logging why once: its session locks do
+// not stay with their sessions (a transaction-pooling proxy).
+func (ln *Line) Off(why string) {
+	ln.mu.Lock()
+	defer ln.mu.Unlock()
+	if !ln.off {
+		ln.off = true
+		ln.log.Warn("sqllock/"+ln.space+": the server-side line is off: "+why+
+			" (a pooler such as pgbouncer?); contended acquisitions wait without it", "strategy", ln.space)
+	}
 }

@@ -85,18 +85,20 @@ func (lp Loop) Run(ctx context.Context) (slot *Slot, turn *Turn, uncertain bool,
 		return nil, nil, uncertain, k, e
 	}
 	useLine := lp.Block && lp.Queue && lp.Line != nil && lp.InLine != nil
-	enterNext := useLine && lp.Line.Contended(lp.Key) // a contended key: straight to the line
+	// enterNow: turn was just taken and its next statement enters the line. A key seen
+	// contended recently goes to the line at once.
+	enterNow := false
+	if useLine && lp.Line.Contended(lp.Key) {
+		turn = lp.Line.Take(ctx, []byte(lp.Key))
+		enterNow = turn != nil
+	}
 	lineTimedOut := false
 	transient := 0
 	for attempt := 0; ; attempt++ {
 		var res Result
 		var err error
-		entering := false
-		if enterNext && turn == nil {
-			turn = lp.Line.Take(ctx, []byte(lp.Key))
-			entering = turn != nil
-		}
-		enterNext = false
+		entering := enterNow
+		enterNow = false
 		if turn != nil {
 			res, err = lp.InLine(ctx, turn, entering)
 			switch {
@@ -107,9 +109,10 @@ func (lp Loop) Run(ctx context.Context) (slot *Slot, turn *Turn, uncertain bool,
 				turn.Leave(ctx)
 				turn = nil
 			case entering && !res.Entered:
-				// The entry's wait ran out: attempt without the line at once.
+				// The entry's wait ran out (or the line is off): attempt without the
+				// line at once.
 				turn.Leave(ctx)
-				turn, lineTimedOut, enterNext = nil, true, false
+				turn, lineTimedOut = nil, true
 				if ctx.Err() != nil {
 					return fail(sqllock.ErrNotAcquired, ctx.Err())
 				}
@@ -133,9 +136,11 @@ func (lp Loop) Run(ctx context.Context) (slot *Slot, turn *Turn, uncertain bool,
 			transient = 0
 			if useLine && turn == nil {
 				lp.Line.Saw(lp.Key)
-				if !lineTimedOut && !lp.Line.Stale(lp.Key) && ctx.Err() == nil {
-					enterNext = true
-					continue // the entry waits: no sleep before it
+				if !lineTimedOut && ctx.Err() == nil {
+					if turn = lp.Line.Take(ctx, []byte(lp.Key)); turn != nil {
+						enterNow = true
+						continue // the entry waits: no sleep before it
+					}
 				}
 				lineTimedOut = false
 			}

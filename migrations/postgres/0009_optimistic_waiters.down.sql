@@ -1,0 +1,1 @@
+ALTER TABLE sqllock_optimistic DROP COLUMN IF EXISTS waiters;
