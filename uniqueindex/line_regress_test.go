@@ -1,8 +1,10 @@
 package uniqueindex
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
+	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -119,6 +121,83 @@ func TestLineTakeoverOfReleasedRow(t *testing.T) {
 		if le3, err := l3.TryAcquire(ctx, name); err == nil {
 			t.Errorf("two live holders: token %d (through the line) and %d", le.Token(), le3.Token())
 			le3.Release(ctx)
+		}
+	})
+}
+
+// TestSweepKeepsUnstashedToken (MySQL): the sweep raises sqllock_fence for its
+// candidates, then deletes them; a candidate released after the first statement read
+// the clock and before the second did must not be deleted without its token (the
+// name's next token would repeat).
+func TestSweepKeepsUnstashedToken(t *testing.T) {
+	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
+		if d != sqllock.MySQL {
+			return // PostgreSQL's tokens live in sqllock_fence, and its sweep is one statement
+		}
+		db := testdb.Open(t, d)
+		admin := testdb.Open(t, d)
+		ctx := testdb.Context(t, 60*time.Second)
+		l := newLocker(t, db, d)
+		// Two names, y before x in key order: the sweep locks y first.
+		x, y := testdb.Name(t, "x"), ""
+		for i := 0; ; i++ {
+			y = testdb.Name(t, fmt.Sprintf("y%d", i))
+			if bytes.Compare(namekey.Key(y), namekey.Key(x)) < 0 {
+				break
+			}
+		}
+		for _, n := range []string{x, x, x, y} {
+			le, err := l.Acquire(ctx, n)
+			if err != nil {
+				t.Fatal(err)
+			}
+			le.Release(ctx)
+		}
+		// Something holds y's row lock for a moment (an acquirer's statement, a Check).
+		tx, err := admin.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback()
+		if _, err := tx.ExecContext(ctx, "SELECT 1 FROM sqllock_lease WHERE lock_key = ? FOR UPDATE", namekey.Key(y)); err != nil {
+			t.Fatal(err)
+		}
+		sw, err := NewSweeper(admin, d, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() {
+			_, _, err := sw.SweepBatch(ctx, 100000)
+			done <- err
+		}()
+		for { // the sweep's stash waits for y's row
+			n, err := testdb.Running(ctx, admin, d, "INSERT INTO sqllock_fence")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n > 0 {
+				break
+			}
+			time.Sleep(5 * time.Millisecond) // polling the server's view: there is no signal
+		}
+		le, err := l.Acquire(ctx, x) // x is released again after the stash read the clock
+		if err != nil {
+			t.Fatal(err)
+		}
+		before := le.Token()
+		le.Release(ctx)
+		tx.Commit()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		le, err = l.Acquire(ctx, x)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer le.Release(context.Background())
+		if le.Token() <= before {
+			t.Errorf("token repeated or went back after a sweep: %d after %d", le.Token(), before)
 		}
 	})
 }
