@@ -102,6 +102,17 @@ func (lp Loop) Run(ctx context.Context) (slot *Slot, turn *Turn, uncertain bool,
 		if turn != nil {
 			res, err = lp.InLine(ctx, turn, entering)
 			switch {
+			case err != nil && entering && ctx.Err() == nil && !sqlerr.Transient(err):
+				// The entry failed (a statement a pooler cannot run, a session that
+				// broke): the line is a waiting aid, so go on without it, at once. The
+				// session may hold the line lock or not: discard it (the server frees
+				// what it held).
+				lp.Log.Debug("sqllock: entering the server-side line failed; waiting without it", "err", err)
+				uncertain = uncertain || OutcomeUnknown(err)
+				turn.dirty = true
+				turn.Leave(ctx)
+				turn, lineTimedOut = nil, true
+				continue
 			case err != nil && (entering || turn.dirty):
 				// The session may hold the line lock or not: discard it (the server
 				// frees what it held), and go on without the line.
