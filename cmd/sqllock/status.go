@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
 	"database/sql"
 	"encoding/hex"
 	"fmt"
@@ -14,6 +15,7 @@ import (
 	"github.com/sqllock/sqllock"
 	"github.com/sqllock/sqllock/advisory"
 	"github.com/sqllock/sqllock/internal/sqlerr"
+	"github.com/sqllock/sqllock/internal/wait"
 )
 
 // Lock is one entry of `sqllock status --json`: a held lock (or, for uniqueindex and
@@ -213,11 +215,11 @@ var (
 	// leaseRows: uniqueindex (expired rows too: they stay until taken over or swept;
 	// released rows on MySQL, which keeps them with no hold, are not leases).
 	leaseRows = rowTable{strategy: "uniqueindex", table: "sqllock_lease", token: "token", waiters: "waiters", where: "holds > 0",
-		waitNote:    "waiters wait in their own processes and are not listed",
+		waitNote:    "waiters outside the server-side line wait in their own processes and are not listed",
 		expiredNote: "expired: free, the row stays until it is taken over or swept"}
 	// optimisticRows: the rows of sqllock_optimistic that have an owner.
 	optimisticRows = rowTable{strategy: "optimistic", table: "sqllock_optimistic", token: "version", waiters: "FALSE", where: "holds > 0",
-		waitNote:    "waiters poll from their own processes and are not listed",
+		waitNote:    "waiters outside the server-side line wait in their own processes and are not listed",
 		expiredNote: "expired: free, the next compare-and-swap takes it"}
 )
 
@@ -491,6 +493,23 @@ ORDER BY l.classid, l.objid, l.objsubid, l.granted DESC, a.state_change, a.pid`)
 	if len(es) == 0 {
 		return nil
 	}
+	// The server-side lines of uniqueindex and optimistic are not advisory locks of
+	// the advisory strategy: filed under their locks.
+	targets, err := lineTargets(ctx, db, sqllock.Postgres, o)
+	if err != nil {
+		return err
+	}
+	var lines []lineRec
+	kept := es[:0]
+	for _, e := range es {
+		if t, ok := targets[strings.TrimPrefix(e.key, "pg:bigint:")]; ok && !e.pair {
+			lines = append(lines, lineRec{strategy: t[0], key: t[1], waiting: !e.grant, p: e.p})
+			continue
+		}
+		kept = append(kept, e)
+	}
+	es = kept
+	attachLines(snap, lines)
 	names := map[[2]int32]string{}
 	cands, err := candidateNames(ctx, db, o)
 	if err != nil {
@@ -805,6 +824,10 @@ ORDER BY 6 DESC`)
 
 var getLockRe = regexp.MustCompile(`GET_LOCK\('(sqllock:[0-9a-f]+)', *([0-9.]+)\)`)
 
+// lineRe finds the strategy and hex key of a line's GET_LOCK name (wait.MyLineName)
+// in a statement's text.
+var lineRe = regexp.MustCompile(`CONCAT_WS\(':', COALESCE\(DATABASE\(\), ''\), '(\w+)', HEX\(X'([0-9a-fA-F]+)'\)\)`)
+
 // myAdvisoryLocks finds GET_LOCK locks named sqllock:<hex>: on MySQL in
 // performance_schema.metadata_locks; on MariaDB with METADATA_LOCK_INFO if the plugin
 // is installed, and by IS_USED_LOCK on the lock names of every known name and of
@@ -859,6 +882,9 @@ ORDER BY m.OBJECT_NAME, m.LOCK_STATUS = 'GRANTED' DESC, m.OWNER_EVENT_ID`)
 			return err
 		}
 		rows.Close()
+		if recs, err = routeLines(ctx, db, snap, o, recs, func(r rec) (string, bool, Party) { return r.lockName, r.waiting, r.p }); err != nil {
+			return err
+		}
 		if len(recs) > 0 {
 			if err := mapNames(); err != nil {
 				return err
@@ -875,6 +901,21 @@ ORDER BY m.OBJECT_NAME, m.LOCK_STATUS = 'GRANTED' DESC, m.OWNER_EVENT_ID`)
 		cands := map[string]bool{}
 		for ln := range lookup {
 			cands[ln] = true
+		}
+		targets, err := lineTargets(ctx, db, sqllock.MySQL, o)
+		if err != nil {
+			return err
+		}
+		for ln := range targets { // the lines' holders, by IS_USED_LOCK below
+			cands[ln] = true
+		}
+		for _, p := range list { // the lines' waiters
+			if m := lineRe.FindStringSubmatch(p.info.String); m != nil && strings.Contains(strings.ToLower(p.state.String), "user lock") {
+				w := p.party()
+				w.Since = ptr(time.Now().UTC().Add(-time.Duration(p.time) * time.Second))
+				h := sha256.Sum256([]byte(dbNameOf(ctx, db) + ":" + m[1] + ":" + strings.ToUpper(m[2])))
+				recs = append(recs, rec{lockName: wait.MyLinePrefix + hex.EncodeToString(h[:])[:54], waiting: true, p: w})
+			}
 		}
 		// Waiters: sessions in a GET_LOCK that waits (the library's first attempt does not).
 		for _, p := range list {
@@ -946,6 +987,11 @@ WHERE LOCK_TYPE = 'User lock' AND TABLE_SCHEMA LIKE 'sqllock:%'`)
 	}
 	// Holders first, then waiters.
 	sort.SliceStable(recs, func(i, j int) bool { return !recs[i].waiting && recs[j].waiting })
+	if s.mariaDB || !s.perfSchema { // (performance_schema's records were routed as read)
+		if recs, err = routeLines(ctx, db, snap, o, recs, func(r rec) (string, bool, Party) { return r.lockName, r.waiting, r.p }); err != nil {
+			return err
+		}
+	}
 	byKey := map[string]int{}
 	for _, r := range recs {
 		snap.add(byKey, r.lockName, func() Lock {

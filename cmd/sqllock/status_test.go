@@ -28,20 +28,23 @@ func TestStatusEveryStrategy(t *testing.T) {
 		ctx := testdb.Context(t, time.Minute)
 		type strategy struct {
 			name    string
-			waiters bool
-			newL    func() (closer, error)
+			waiters bool // a waiter is started, and listed as a waiter
+			// line: a waiter is started; it holds the lock's server-side line, which
+			// the lock's note says (and no advisory lock shows it)
+			line bool
+			newL func() (closer, error)
 		}
 		// Long enough for the whole test: a MySQL forupdate lease whose transaction
 		// stays idle for the TTL is ended by the server (README, Known limitations).
 		ttl := 30 * time.Second
 		strategies := []strategy{
-			{"uniqueindex", false, func() (closer, error) { return uniqueindex.New(testdb.Open(t, d), d, uniqueindex.WithTTL(ttl)) }},
-			{"optimistic", false, func() (closer, error) { return optimistic.New(testdb.Open(t, d), d, optimistic.WithTTL(ttl)) }},
-			{"fairqueue", true, func() (closer, error) { return fairqueue.New(testdb.Open(t, d), d, fairqueue.WithTTL(ttl)) }},
-			{"forupdate", true, func() (closer, error) {
+			{"uniqueindex", false, true, func() (closer, error) { return uniqueindex.New(testdb.Open(t, d), d, uniqueindex.WithTTL(ttl)) }},
+			{"optimistic", false, true, func() (closer, error) { return optimistic.New(testdb.Open(t, d), d, optimistic.WithTTL(ttl)) }},
+			{"fairqueue", true, false, func() (closer, error) { return fairqueue.New(testdb.Open(t, d), d, fairqueue.WithTTL(ttl)) }},
+			{"forupdate", true, false, func() (closer, error) {
 				return forupdate.New(testdb.Open(t, d), d, forupdate.WithTTL(ttl), forupdate.WithKeepalive(2*time.Second))
 			}},
-			{"advisory", true, func() (closer, error) { return advisory.New(testdb.Open(t, d), d, advisory.WithTTL(ttl)) }},
+			{"advisory", true, false, func() (closer, error) { return advisory.New(testdb.Open(t, d), d, advisory.WithTTL(ttl)) }},
 		}
 		names := map[string]string{}
 		wctx, stopWaiters := context.WithCancel(ctx)
@@ -61,7 +64,7 @@ func TestStatusEveryStrategy(t *testing.T) {
 				t.Fatalf("%s: %v", s.name, err)
 			}
 			defer lease.Release(context.Background())
-			if !s.waiters {
+			if !s.waiters && !s.line {
 				continue
 			}
 			waiter, err := s.newL()
@@ -106,6 +109,16 @@ func TestStatusEveryStrategy(t *testing.T) {
 				}
 				return false
 			})
+			for _, st := range strategies {
+				if !st.line {
+					continue
+				}
+				for _, l := range locks {
+					if l.Strategy == st.name && l.Name != nil && *l.Name == names[st.name] && !strings.Contains(l.Note, "server-side line held by session") {
+						problems = append(problems, fmt.Sprintf("%s lock %s: its waiter's server-side line not in the note (%q)", st.name, names[st.name], l.Note))
+					}
+				}
+			}
 			if len(problems) == 0 || time.Now().After(deadline) {
 				break
 			}

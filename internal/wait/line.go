@@ -299,8 +299,12 @@ func (ln *Line) EntryContext(ctx context.Context, attempt time.Duration) (contex
 // line of the lock key keySQL (a bytea parameter) of strategy space: advisory keys
 // are per database, and the schema the session works in (current_schema(), where
 // its tables are) is part of it, computed by the server in the statement.
-func PgLineKey(space, keySQL string) string {
-	return "hashtextextended(COALESCE(current_schema(), '') || '/sqllock/line/" + space + "/' || encode(" + keySQL + ", 'hex'), 0)"
+func PgLineKey(space, keySQL string) string { return PgLineKeyOf("'"+space+"'", keySQL) }
+
+// PgLineKeyOf is PgLineKey with the strategy's name given as SQL too (spaceSQL), for
+// operators' tools that compute the keys of several strategies in one statement.
+func PgLineKeyOf(spaceSQL, keySQL string) string {
+	return "hashtextextended(COALESCE(current_schema(), '') || '/sqllock/line/' || " + spaceSQL + " || '/' || encode(" + keySQL + ", 'hex'), 0)"
 }
 
 // PgKey is PgLineKey of the Locker's strategy.
@@ -313,9 +317,18 @@ func (ln *Line) PgKey(keySQL string) string { return PgLineKey(ln.space, keySQL)
 func (ln *Line) MyName(keySQL string) string { return MyLineName(ln.space, keySQL) }
 
 // MyLineName is Line.MyName for the lines of strategy space.
-func MyLineName(space, keySQL string) string {
-	return "CONCAT('sqllock:l:', LEFT(SHA2(CONCAT_WS(':', COALESCE(DATABASE(), ''), '" + space + "', HEX(" + keySQL + ")), 256), 54))"
+func MyLineName(space, keySQL string) string { return MyLineNameOf("'"+space+"'", keySQL) }
+
+// MyLineNameOf is MyLineName with the strategy's name given as SQL too (spaceSQL).
+func MyLineNameOf(spaceSQL, keySQL string) string {
+	return "CONCAT('sqllock:l:', LEFT(SHA2(CONCAT_WS(':', COALESCE(DATABASE(), ''), " + spaceSQL + ", HEX(" + keySQL + ")), 256), 54))"
 }
+
+// MyLinePrefix begins the GET_LOCK name of every line (MyLineName).
+const MyLinePrefix = "sqllock:l:"
+
+// LineSpaces are the strategies that use a server-side line.
+var LineSpaces = []string{"uniqueindex", "optimistic"}
 
 // MyKey is key as a MySQL hexadecimal literal, for the statements a turn sends as
 // text: go-sql-driver prepares, runs and closes a statement with parameters (unless

@@ -1,0 +1,141 @@
+package main
+
+import (
+	"context"
+	"crypto/sha256"
+	"database/sql"
+	"encoding/hex"
+	"strconv"
+	"strings"
+
+	"github.com/sqllock/sqllock"
+	"github.com/sqllock/sqllock/internal/namekey"
+	"github.com/sqllock/sqllock/internal/wait"
+)
+
+// The server-side lines of uniqueindex and optimistic (internal/wait.Line): session
+// locks (pg_advisory_lock; GET_LOCK named sqllock:l:...) that contended acquirers
+// queue for in the database. status lists the sessions in a line as waiters of the
+// lock whose line it is, and its holder in the lock's note, not as advisory locks.
+
+// lineRec is one session in a line.
+type lineRec struct {
+	strategy, key string // the row strategy and hex lock key whose line it is
+	waiting       bool
+	p             Party
+}
+
+// lineTargets returns, for the candidate names (see candidateNames), the server's
+// identifier of each line (PostgreSQL: its advisory key as text; MySQL: its GET_LOCK
+// name) with the strategy and hex lock key it belongs to.
+func lineTargets(ctx context.Context, db *sql.DB, d sqllock.Dialect, o statusOpts) (map[string][2]string, error) {
+	cands, err := candidateNames(ctx, db, o)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string][2]string{}
+	if d == sqllock.MySQL {
+		// MyLineName, computed here: one round trip for the database's name.
+		var dbName sql.NullString
+		if err := db.QueryRowContext(ctx, "SELECT DATABASE()").Scan(&dbName); err != nil {
+			return nil, err
+		}
+		for _, n := range cands {
+			k := namekey.Key(n)
+			for _, sp := range wait.LineSpaces {
+				h := sha256.Sum256([]byte(dbName.String + ":" + sp + ":" + strings.ToUpper(hex.EncodeToString(k))))
+				out[wait.MyLinePrefix+hex.EncodeToString(h[:])[:54]] = [2]string{sp, keyHex(k)}
+			}
+		}
+		return out, nil
+	}
+	keys := make([][]byte, len(cands))
+	for i, n := range cands {
+		keys[i] = namekey.Key(n)
+	}
+	rows, err := db.QueryContext(ctx, "SELECT s, k, ("+wait.PgLineKeyOf("s", "k")+")::text FROM unnest($1::bytea[]) k, unnest($2::text[]) s",
+		keys, wait.LineSpaces)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var sp, id string
+		var k []byte
+		if err := rows.Scan(&sp, &k, &id); err != nil {
+			return nil, err
+		}
+		out[id] = [2]string{sp, keyHex(k)}
+	}
+	return out, rows.Err()
+}
+
+// attachLines files the sessions in lines under the locks they wait for: waiters as
+// the lock's waiters, the line lock's holder in its note (it is the lock's holder, if
+// that came through the line, or the next in line).
+func attachLines(snap *snapshot, recs []lineRec) {
+	idx := map[string]int{}
+	for i, l := range snap.Locks {
+		idx[l.Strategy+"/"+l.Key] = i
+	}
+	for _, r := range recs {
+		i, ok := idx[r.strategy+"/"+r.key]
+		if !ok {
+			i = len(snap.Locks)
+			idx[r.strategy+"/"+r.key] = i
+			snap.Locks = append(snap.Locks, Lock{Strategy: r.strategy, Key: r.key, Waiters: []Party{},
+				Note: "free or being taken; waiters in its server-side line"})
+		}
+		l := &snap.Locks[i]
+		if r.waiting {
+			l.Waiters = append(l.Waiters, r.p)
+			continue
+		}
+		s := "server-side line held by session " + partySession(r.p)
+		if !strings.Contains(l.Note, s) {
+			l.Note = strings.TrimPrefix(l.Note+"; "+s, "; ")
+		}
+	}
+}
+
+func partySession(p Party) string {
+	if p.Session == nil {
+		return "?"
+	}
+	return strconv.FormatInt(*p.Session, 10)
+}
+
+// routeLines takes the sessions of MySQL GET_LOCK names that are lines
+// (wait.MyLinePrefix) out of recs and files them under their locks (attachLines).
+func routeLines[R any](ctx context.Context, db *sql.DB, snap *snapshot, o statusOpts, recs []R, f func(R) (name string, waiting bool, p Party)) ([]R, error) {
+	var targets map[string][2]string
+	var lines []lineRec
+	kept := recs[:0]
+	for _, r := range recs {
+		name, waiting, p := f(r)
+		if !strings.HasPrefix(name, wait.MyLinePrefix) {
+			kept = append(kept, r)
+			continue
+		}
+		if targets == nil {
+			var err error
+			if targets, err = lineTargets(ctx, db, sqllock.MySQL, o); err != nil {
+				return nil, err
+			}
+		}
+		t, ok := targets[name]
+		if !ok {
+			t = [2]string{"line", strings.TrimPrefix(name, wait.MyLinePrefix)} // of a name status does not know
+		}
+		lines = append(lines, lineRec{strategy: t[0], key: t[1], waiting: waiting, p: p})
+	}
+	attachLines(snap, lines)
+	return kept, nil
+}
+
+// dbNameOf returns the current database's name ("" if none or unknown).
+func dbNameOf(ctx context.Context, db *sql.DB) string {
+	var n sql.NullString
+	db.QueryRowContext(ctx, "SELECT DATABASE()").Scan(&n)
+	return n.String
+}
