@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/sqllock/sqllock/internal/fence"
@@ -148,67 +149,158 @@ func (l *Locker) interrupter() interrupt.Interrupter {
 // repeated after it. MariaDB rejects negative (infinite) timeouts.
 const noDeadlineWait = 365 * 24 * time.Hour
 
-// myLock takes the lock on conn with GET_LOCK. The name is hex and the timeout a
-// number formatted here, so each statement is sent as text with no parameters: one
-// round trip. The first attempt does not wait and also reads the session id; an
-// uncontended acquisition is that one statement.
-func (l *Locker) myLock(ctx context.Context, conn *sql.Conn, id lockID, wait bool) (sid int64, ok, dirty bool, err error) {
-	var got sql.NullInt64
-	err = conn.QueryRowContext(ctx, "SELECT GET_LOCK('"+id.myName+"', 0), CONNECTION_ID()").Scan(&got, &sid)
-	switch {
-	case err != nil:
-		return 0, false, true, err
-	case !got.Valid:
-		return 0, false, true, errors.New("GET_LOCK returned NULL")
-	case got.Int64 == 1:
-		return sid, true, false, nil
-	case !wait:
-		return 0, false, false, nil
+// contendedFor is how long after a Locker saw a MySQL lock name held by another
+// session its blocking acquisitions of the name with a token skip the attempt that
+// does not wait (see myLock).
+const contendedFor = time.Second
+
+// contention remembers, per slot of lock names (a few names share a slot), when a
+// Locker last saw a name held by another session. A heuristic only: a wrong guess
+// costs a statement, never correctness.
+type contention [256]atomic.Int64
+
+func contentionSlot(id lockID) int {
+	n := id.myName
+	b, _ := strconv.ParseUint(n[len(n)-2:], 16, 8) // hex digits of SHA-256
+	return int(b)
+}
+
+func (l *Locker) contended(id lockID) bool {
+	seen := l.st.contention[contentionSlot(id)].Load()
+	return seen != 0 && time.Since(time.Unix(0, seen)) < contendedFor
+}
+
+func (l *Locker) sawContention(id lockID) {
+	l.st.contention[contentionSlot(id)].Store(time.Now().UnixNano())
+}
+
+// myLock takes the lock on conn with GET_LOCK and, with tokens, draws the token
+// (fence.DrawnMySQL: no commit). sid is the session's CONNECTION_ID() if a lease of
+// this Locker used the session before (pin.Pool keeps it), else 0; the session id is
+// returned. sent is when the last statement before the lease starts was sent. The
+// name is hex and the timeout a number formatted here, so each statement is sent as
+// text with no parameters: one round trip.
+//
+// Statements per acquisition, the release not counted:
+//   - a session whose id is known (the usual case: the Locker keeps sessions for
+//     reuse): without a token, one (a blocking Acquire goes straight to the waiting
+//     GET_LOCK, which returns at once when the lock is free; TryAcquire runs
+//     GET_LOCK(name, 0)); with a token, one when the lock is free (GET_LOCK(name, 0)
+//     inside the UPDATE that draws the token) and two when it is held (the waiting
+//     GET_LOCK, then the draw). A Locker that saw the name held within contendedFor
+//     waits at once; otherwise a held lock costs the failed attempt too.
+//   - a session new from the pool: its bound is set first (pin.Pool), then
+//     GET_LOCK(name, 0) also reads CONNECTION_ID(), which KILL QUERY needs to end a
+//     wait; the token is drawn by a statement of its own.
+func (l *Locker) myLock(ctx context.Context, conn *sql.Conn, sid int64, id lockID, wait bool) (_ int64, tok int64, sent time.Time, ok, dirty bool, err error) {
+	token := l.cfg.token
+	name := "'" + id.myName + "'"
+	if !wait || sid == 0 || (token && !l.contended(id)) {
+		sent = time.Now()
+		switch {
+		case sid == 0:
+			var got sql.NullInt64
+			err = conn.QueryRowContext(ctx, "SELECT GET_LOCK("+name+", 0), CONNECTION_ID()").Scan(&got, &sid)
+			if err == nil && !got.Valid {
+				err = errors.New("GET_LOCK returned NULL")
+			}
+			ok = got.Int64 == 1
+			if err == nil && ok && token {
+				sent = time.Now()
+				tok, _, err = fence.DrawnMySQL(ctx, conn, fence.DrawMySQL)
+			}
+		case token:
+			tok, ok, err = fence.DrawnMySQL(ctx, conn, fence.TryLockDrawMySQL("GET_LOCK("+name+", 0)"))
+		default:
+			var got sql.NullInt64
+			err = conn.QueryRowContext(ctx, "SELECT GET_LOCK("+name+", 0)").Scan(&got)
+			if err == nil && !got.Valid {
+				err = errors.New("GET_LOCK returned NULL")
+			}
+			ok = got.Int64 == 1
+		}
+		switch {
+		case err != nil:
+			// The lock may have been taken: the session goes with it.
+			return sid, 0, sent, false, true, err
+		case ok || !wait:
+			return sid, tok, sent, ok, false, nil
+		}
+		l.sawContention(id)
 	}
+	sent = time.Now()
+	if ok, dirty, err = l.myWait(ctx, conn, sid, id); err != nil || !ok {
+		return sid, 0, sent, false, dirty, err
+	}
+	if token {
+		sent = time.Now()
+		if tok, _, err = fence.DrawnMySQL(ctx, conn, fence.DrawMySQL); err != nil {
+			return sid, 0, sent, false, true, err
+		}
+	}
+	return sid, tok, sent, true, false, nil
+}
+
+// myWait waits on session sid (conn) until it holds the lock or ctx ends. With
+// tokens the statement also reads IS_FREE_LOCK first, so that the Locker learns
+// whether the name is contended (see myLock).
+func (l *Locker) myWait(ctx context.Context, conn *sql.Conn, sid int64, id lockID) (ok, dirty bool, err error) {
+	name := "'" + id.myName + "'"
 	for {
 		timeout := noDeadlineWait
 		if dl, has := ctx.Deadline(); has {
 			timeout = max(time.Until(dl), 0)
 		}
-		q := "SELECT GET_LOCK('" + id.myName + "', " + strconv.FormatFloat(timeout.Seconds(), 'f', 6, 64) + ")"
-		got, interrupted, broken, err := l.myWait(ctx, conn, sid, q)
+		q := "SELECT GET_LOCK(" + name + ", " + strconv.FormatFloat(timeout.Seconds(), 'f', 6, 64) + ")"
+		if l.cfg.token {
+			// Left to right: whether the lock was free before this session asked.
+			q = "SELECT IS_FREE_LOCK(" + name + "), " + q[len("SELECT "):]
+		}
+		got, free, interrupted, broken, err := l.myWaitOnce(ctx, conn, sid, q)
+		if l.cfg.token && free.Valid && free.Int64 == 0 {
+			l.sawContention(id)
+		}
 		switch {
 		case broken:
-			return 0, false, true, err
+			return false, true, err
 		case err == nil && got.Valid && got.Int64 == 1:
 			if !interrupted {
-				return sid, true, false, nil
+				return true, false, nil
 			}
 			// Granted as ctx ended: give it back on this session, synchronously, so
 			// that nobody finds it held afterwards.
 			var rel sql.NullInt64
-			if rerr := conn.QueryRowContext(context.WithoutCancel(ctx), "SELECT RELEASE_LOCK('"+id.myName+"')").Scan(&rel); rerr != nil {
-				return 0, false, true, nil
+			if rerr := conn.QueryRowContext(context.WithoutCancel(ctx), "SELECT RELEASE_LOCK("+name+")").Scan(&rel); rerr != nil {
+				return false, true, nil
 			}
-			return 0, false, false, nil
+			return false, false, nil
 		case interrupted || ctx.Err() != nil:
 			// KILL QUERY ended the wait (an error or NULL): the session is clean.
-			return 0, false, false, nil
+			return false, false, nil
 		case err != nil:
-			return 0, false, true, err
+			return false, true, err
 		}
 		if dl, has := ctx.Deadline(); has && time.Until(dl) < time.Millisecond {
 			<-ctx.Done()
-			return 0, false, false, nil
+			return false, false, nil
 		}
 		// The server's timer ended just before ctx's deadline, or a year passed: wait
 		// again for what is left.
 	}
 }
 
-// myWait runs the blocking GET_LOCK q on conn (session sid). A thread blocked in
+// myWaitOnce runs the blocking GET_LOCK q on conn (session sid). A thread blocked in
 // GET_LOCK does not notice a closed socket: it would stay queued, may be granted the
 // lock, and hold it until it notices (about a second, seen on MariaDB 10.11). So when
 // ctx ends the wait is interrupted with KILL QUERY from another pooled connection
 // (see internal/interrupt), and the session stays usable; broken reports that no
 // connection was free and the waiter's connection was closed instead.
-func (l *Locker) myWait(ctx context.Context, conn *sql.Conn, sid int64, q string) (got sql.NullInt64, interrupted, broken bool, err error) {
+func (l *Locker) myWaitOnce(ctx context.Context, conn *sql.Conn, sid int64, q string) (got, free sql.NullInt64, interrupted, broken bool, err error) {
 	kill := "KILL QUERY " + strconv.FormatInt(sid, 10)
+	dest := []any{&got}
+	if l.cfg.token {
+		dest = []any{&free, &got}
+	}
 	broken, err = l.interrupter().Run(ctx, interrupt.Target{
 		Kill: func(kctx context.Context, kc *sql.Conn) error {
 			_, err := kc.ExecContext(kctx, kill)
@@ -216,7 +308,7 @@ func (l *Locker) myWait(ctx context.Context, conn *sql.Conn, sid int64, q string
 		},
 		Label: q,
 	}, false, func(qctx context.Context) error {
-		return conn.QueryRowContext(qctx, q).Scan(&got)
+		return conn.QueryRowContext(qctx, q).Scan(dest...)
 	})
-	return got, ctx.Err() != nil, broken, err
+	return got, free, ctx.Err() != nil, broken, err
 }

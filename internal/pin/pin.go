@@ -16,6 +16,10 @@
 // On PostgreSQL the strategies set the bound inside their own locking statements
 // (set_config of idle_session_timeout or idle_in_transaction_session_timeout, and
 // tcp_user_timeout), so the Pool only hands out and takes back connections.
+//
+// A kept connection also keeps the server session id its user recorded with
+// PutSession (CONNECTION_ID() on MySQL), so that a later user of the same session
+// (GetSession) does not have to ask the server for it again.
 package pin
 
 import (
@@ -52,6 +56,7 @@ type Pool struct {
 
 type idleConn struct {
 	conn  *sql.Conn
+	sid   int64 // the session id recorded by PutSession, 0 if unknown
 	since time.Time
 }
 
@@ -81,37 +86,48 @@ func New(db *sql.DB, d sqllock.Dialect, ttl time.Duration, log *slog.Logger) *Po
 // Get returns a connection whose session carries the bound: a kept one, or a new one
 // from the pool, configured.
 func (p *Pool) Get(ctx context.Context) (*sql.Conn, error) {
+	conn, _, err := p.GetSession(ctx)
+	return conn, err
+}
+
+// GetSession is Get, and also returns the session id recorded with the connection
+// when it was put back (PutSession), or 0 for a connection new from the pool.
+func (p *Pool) GetSession(ctx context.Context) (*sql.Conn, int64, error) {
 	p.mu.Lock()
 	if n := len(p.idle); n > 0 {
-		c := p.idle[n-1].conn // the most recently used: its session is the warmest
+		c := p.idle[n-1] // the most recently used: its session is the warmest
 		p.idle = p.idle[:n-1]
 		p.mu.Unlock()
-		return c, nil
+		return c.conn, c.sid, nil
 	}
 	p.mu.Unlock()
 	conn, err := p.db.Conn(ctx)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	if p.setup != "" {
 		if _, err := conn.ExecContext(ctx, p.setup); err != nil {
 			interrupt.Release(conn, true)
-			return nil, err
+			return nil, 0, err
 		}
 	}
-	return conn, nil
+	return conn, 0, nil
 }
 
 // Put takes back a connection whose session is healthy and holds no lock: it is kept
 // for reuse, or its settings are put back and it returns to the application's pool.
-func (p *Pool) Put(conn *sql.Conn) {
+func (p *Pool) Put(conn *sql.Conn) { p.PutSession(conn, 0) }
+
+// PutSession is Put of a connection whose server session id is sid (0: unknown), which
+// GetSession returns with it while it is kept.
+func (p *Pool) PutSession(conn *sql.Conn, sid int64) {
 	if p.setup == "" {
 		conn.Close()
 		return
 	}
 	p.mu.Lock()
 	if !p.closed && len(p.idle) < MaxIdle && p.roomy() {
-		p.idle = append(p.idle, idleConn{conn: conn, since: time.Now()})
+		p.idle = append(p.idle, idleConn{conn: conn, sid: sid, since: time.Now()})
 		if p.timer == nil {
 			p.arm(p.keepIdle)
 		}
