@@ -138,6 +138,12 @@ type Lease struct {
 	abortMu  sync.Once
 	kick     chan struct{} // a Refresh succeeded: reschedule
 	loopDone chan struct{}
+	// The keep-alive goroutine starts when the first keep-alive is due (loopStart), or
+	// at once after a loss (it cleans up): a lease released before that costs no
+	// goroutine. loopClaimed (under mu) is set by whoever starts it, or by Release,
+	// which then closes loopDone itself.
+	loopStart   *time.Timer
+	loopClaimed bool
 }
 
 // Params describe a granted lock for Start.
@@ -183,8 +189,34 @@ func (l *Lease) Run() {
 	}
 	// The deadline timer closes Done even if the keep-alive goroutine is stuck.
 	l.timer = time.AfterFunc(l.until(l.deadlineLocked()), l.timerFired)
+	l.loopStart = time.AfterFunc(max(l.firstKeepAlive()-elapsed(l.now(), l.lastOK), 0), func() {
+		if l.claimLoop() {
+			l.loop()
+		}
+	})
 	l.mu.Unlock()
-	go l.loop()
+}
+
+// claimLoop reports whether the caller is the one to start the keep-alive goroutine
+// (or, for Release, to close loopDone without it): true once.
+func (l *Lease) claimLoop() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.loopClaimed {
+		return false
+	}
+	l.loopClaimed = true
+	return true
+}
+
+// firstKeepAlive is when the first keep-alive is due, after the grant: an Interval,
+// or at once for a grant that took long (latency, a slow pool), which is already
+// close to its deadline. Call with mu held (or before the lease is shared).
+func (l *Lease) firstKeepAlive() time.Duration {
+	if l.until(l.deadlineLocked()) < l.timing.TTL-l.timing.Margin-l.timing.Interval/2 {
+		return 0
+	}
+	return l.timing.Interval
 }
 
 // Timing returns the lease's timing.
@@ -283,6 +315,14 @@ func (l *Lease) end(err error, why string) bool {
 	close(l.done)
 	if l.onEnd != nil {
 		l.onEnd()
+	}
+	if why != "" && l.claimLoop() {
+		// Lost before the keep-alive goroutine started: it starts now, sees the loss
+		// and cleans up.
+		if l.loopStart != nil {
+			l.loopStart.Stop()
+		}
+		go l.loop()
 	}
 	return true
 }
@@ -446,12 +486,9 @@ func OwnConn(ctx context.Context) context.Context {
 func (l *Lease) loop() {
 	defer close(l.loopDone)
 	defer l.cleanUpAfterLoss()
-	next := l.timing.Interval
-	// A grant that took long (latency, a slow pool) is already close to its
-	// deadline: renew at once rather than an Interval after the grant.
-	if l.Remaining() < l.timing.TTL-l.timing.Margin-l.timing.Interval/2 {
-		next = 0
-	}
+	l.mu.Lock()
+	next := l.firstKeepAlive()
+	l.mu.Unlock()
 	retry := max(l.timing.Interval/4, 10*time.Millisecond)
 	t := time.NewTimer(max(next-l.sinceLastOK(), 0))
 	defer t.Stop()
@@ -556,6 +593,12 @@ func (l *Lease) Release(ctx context.Context) (err error) {
 	stopAbort := context.AfterFunc(gctx, func() { l.abortMu.Do(func() { close(l.abort) }) })
 	defer stopAbort()
 	close(l.stop)
+	if l.claimLoop() { // the keep-alive goroutine never started, and now never will
+		if l.loopStart != nil {
+			l.loopStart.Stop()
+		}
+		close(l.loopDone)
+	}
 	<-l.loopDone
 	l.renewMu.Lock() // wait for a Refresh under way
 	defer l.renewMu.Unlock()
