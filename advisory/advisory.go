@@ -158,8 +158,12 @@ func New(db *sql.DB, d sqllock.Dialect, opts ...Option) (*Locker, error) {
 	if cfg.nsSet {
 		st.ns = cfg.namespace
 	}
+	pins := pin.New(db, d, cfg.Timing.TTL, cfg.Logger)
+	if d == sqllock.Postgres {
+		pins = pin.NewKeeping(db, d, cfg.Timing.TTL, cfg.Logger, "SELECT "+pgReset)
+	}
 	return &Locker{db: db, dialect: d, cfg: cfg, st: st,
-		pins:  pin.New(db, d, cfg.Timing.TTL, cfg.Logger),
+		pins:  pins,
 		pgSQL: pgStatementsFor(cfg.Timing.TTL, cfg.token),
 		guard: cfg.Guard(db, d, "advisory", true),
 	}, nil
@@ -417,7 +421,7 @@ func (l *Locker) lock(ctx context.Context, op string, id lockID, wait bool) (*Le
 	// sent: the server's idle timer (the bound) restarts after it.
 	granted := time.Now()
 	if l.dialect == sqllock.Postgres {
-		sid, tok, ok, dirty, err = l.pgLock(ctx, conn, id, wait)
+		sid, tok, ok, dirty, err = l.pgLock(ctx, conn, sid, id, wait)
 	} else {
 		if id.myName == "" {
 			var ns string

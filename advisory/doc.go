@@ -31,9 +31,13 @@
 // TTL less a safety margin (TTL/5), on the client's clock, the lease ends with
 // sqllock.ErrLost: a holder cut off from the server is told before the server frees
 // the lock, and a dead holder's lock is free within the TTL, not when TCP gives up
-// hours later. The settings are put back when the lock is released (on PostgreSQL in
-// the unlock statement: no round trip is added); on MySQL the Locker keeps a few
-// configured sessions for a moment to reuse them (Close returns them).
+// hours later. The settings are put back before the session returns to the pool: on
+// PostgreSQL in the unlock statement (no round trip is added), except that a Locker
+// that takes locks back to back keeps a few sessions for a moment with their bound
+// still set, and their lock and unlock statements leave the settings alone; on MySQL
+// the Locker keeps a few configured sessions for a moment to reuse them. A kept
+// session's settings are put back by a statement of its own when it leaves the Locker
+// (after about TTL/4, at most 2s, unused, or at Close).
 //
 // If the session is killed from outside (an operator's KILL, pg_terminate_backend,
 // a server restart), the server frees the lock at once, and the holder learns it

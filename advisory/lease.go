@@ -267,7 +267,11 @@ func (s *session) GiveBack(ctx context.Context, lost bool) error {
 		s.l.pins.Discard(s.conn)
 		return nil
 	}
-	held, err := s.unlock(ctx)
+	keep := s.l.pins.Reserve() // PostgreSQL: the unlock leaves the bound on a kept session
+	held, err := s.unlock(ctx, keep)
+	if keep && (err != nil || !held) {
+		s.l.pins.Unreserve()
+	}
 	switch {
 	case err != nil:
 		s.l.pins.Discard(s.conn)
@@ -291,16 +295,23 @@ func (s *session) GiveBack(ctx context.Context, lost bool) error {
 		}
 		s.l.pins.Discard(s.conn)
 		return lease.Gonef("the session no longer held the lock")
+	case keep:
+		s.l.pins.PutKept(s.conn, s.sid)
+	default:
+		s.l.pins.PutSession(s.conn, s.sid)
 	}
-	s.l.pins.PutSession(s.conn, s.sid)
 	return nil
 }
 
-// unlock releases the server lock (and on PostgreSQL puts the session's bound back
-// in the same statement).
-func (s *session) unlock(ctx context.Context) (bool, error) {
+// unlock releases the server lock, and on PostgreSQL puts the session's bound back
+// in the same statement unless keep (the Locker keeps the session with its bound).
+func (s *session) unlock(ctx context.Context, keep bool) (bool, error) {
 	if s.l.dialect == sqllock.Postgres {
-		res, err := s.conn.ExecContext(ctx, s.l.pgStmts(s.id).unlock, s.id.pgArgs()...)
+		k := fresh
+		if keep {
+			k = kept
+		}
+		res, err := s.conn.ExecContext(ctx, s.l.pgStmts(s.id).unlock[k], s.id.pgArgs()...)
 		if err != nil {
 			return false, err
 		}

@@ -15,7 +15,16 @@
 //
 // On PostgreSQL the strategies set the bound inside their own locking statements
 // (set_config of idle_session_timeout or idle_in_transaction_session_timeout, and
-// tcp_user_timeout), so the Pool only hands out and takes back connections.
+// tcp_user_timeout), so the Pool only hands out and takes back connections. A Pool
+// made by NewKeeping also keeps sessions whose strategy left its settings on them,
+// but only for a Pool that is busy (two sessions taken within KeepIdle), so that a
+// strategy can leave out the statements that set and put back the bound on the
+// sessions it reuses at once: before its unlock statement the strategy asks Reserve
+// whether the session will be kept, and puts the settings back in that statement
+// itself if not. A Pool taken from less often hands out and takes back as New's
+// does, and nothing runs beside its statements; the last kept session of a burst
+// gets its settings put back by a statement of its own when it returns to the
+// application's pool.
 //
 // A kept connection also keeps the server session id its user recorded with
 // PutSession (CONNECTION_ID() on MySQL), so that a later user of the same session
@@ -46,12 +55,17 @@ type Pool struct {
 	reset    string // MySQL: puts the previous values back
 	keepIdle time.Duration
 	log      *slog.Logger
+	// reserve: the Pool keeps sessions reserved with Reserve (NewKeeping).
+	reserve bool
 
-	mu     sync.Mutex
-	idle   []idleConn
-	timer  *time.Timer
-	closed bool
-	sweeps sync.WaitGroup
+	mu       sync.Mutex
+	idle     []idleConn
+	reserved int // Reserve calls not yet followed by PutKept or Unreserve
+	// The last two times a session was taken: a Pool is busy when they are close.
+	lastGet, prevGet time.Time
+	timer            *time.Timer
+	closed           bool
+	sweeps           sync.WaitGroup
 }
 
 type idleConn struct {
@@ -83,6 +97,16 @@ func New(db *sql.DB, d sqllock.Dialect, ttl time.Duration, log *slog.Logger) *Po
 	return p
 }
 
+// NewKeeping returns a Pool of db whose sessions the strategy configures in its own
+// statements, and which keeps sessions for reuse with their settings left on them
+// (Reserve, PutKept): reset is the statement that puts the settings back before a
+// kept session returns to the application's pool.
+func NewKeeping(db *sql.DB, d sqllock.Dialect, ttl time.Duration, log *slog.Logger, reset string) *Pool {
+	p := New(db, d, ttl, log)
+	p.reset, p.reserve = reset, true
+	return p
+}
+
 // Get returns a connection whose session carries the bound: a kept one, or a new one
 // from the pool, configured.
 func (p *Pool) Get(ctx context.Context) (*sql.Conn, error) {
@@ -94,6 +118,7 @@ func (p *Pool) Get(ctx context.Context) (*sql.Conn, error) {
 // when it was put back (PutSession), or 0 for a connection new from the pool.
 func (p *Pool) GetSession(ctx context.Context) (*sql.Conn, int64, error) {
 	p.mu.Lock()
+	p.prevGet, p.lastGet = p.lastGet, time.Now()
 	if n := len(p.idle); n > 0 {
 		c := p.idle[n-1] // the most recently used: its session is the warmest
 		p.idle = p.idle[:n-1]
@@ -126,16 +151,59 @@ func (p *Pool) PutSession(conn *sql.Conn, sid int64) {
 		return
 	}
 	p.mu.Lock()
-	if !p.closed && len(p.idle) < MaxIdle && p.roomy() {
-		p.idle = append(p.idle, idleConn{conn: conn, sid: sid, since: time.Now()})
-		if p.timer == nil {
-			p.arm(p.keepIdle)
-		}
+	if !p.closed && len(p.idle)+p.reserved < MaxIdle && p.roomy() {
+		p.keepLocked(conn, sid)
 		p.mu.Unlock()
 		return
 	}
 	p.mu.Unlock()
 	p.restore(conn)
+}
+
+// Reserve reports whether a session given back now (PutKept) will be kept for reuse
+// with the settings its strategy left on it: the Pool was made by NewKeeping, is
+// busy and has room. After true the caller must call PutKept or Unreserve once.
+func (p *Pool) Reserve() bool {
+	if !p.reserve {
+		return false
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed || len(p.idle)+p.reserved >= MaxIdle || !p.roomy() ||
+		p.prevGet.IsZero() || p.lastGet.Sub(p.prevGet) >= p.keepIdle {
+		return false
+	}
+	p.reserved++
+	return true
+}
+
+// Unreserve gives up a reservation whose session was not given back (discarded).
+func (p *Pool) Unreserve() {
+	p.mu.Lock()
+	p.reserved--
+	p.mu.Unlock()
+}
+
+// PutKept gives back, after Reserve, a healthy session that holds no lock and still
+// carries its strategy's settings; sid is its session id (see GetSession).
+func (p *Pool) PutKept(conn *sql.Conn, sid int64) {
+	p.mu.Lock()
+	p.reserved--
+	if !p.closed {
+		p.keepLocked(conn, sid)
+		p.mu.Unlock()
+		return
+	}
+	p.mu.Unlock()
+	p.restore(conn)
+}
+
+// keepLocked keeps conn for reuse. Call with mu held.
+func (p *Pool) keepLocked(conn *sql.Conn, sid int64) {
+	p.idle = append(p.idle, idleConn{conn: conn, sid: sid, since: time.Now()})
+	if p.timer == nil {
+		p.arm(p.keepIdle)
+	}
 }
 
 // roomy reports whether the application's pool has room to spare (or no limit), so
