@@ -95,6 +95,9 @@ func (lb Label) Err(op string, kind, cause error) error {
 // database error saying that a table or column of the library is missing gets the kind
 // sqllock.ErrNotMigrated, which says to run the migrations.
 func NewError(op string, d sqllock.Dialect, name string, kind, cause error) error {
+	if cause == nil { // every Release makes one: nothing to look into
+		return &sqllock.Error{Op: op, Dialect: d, Name: name, Kind: kind}
+	}
 	if kind == nil && sqlerr.Is(cause, sqlerr.UndefinedTable) {
 		kind = sqllock.ErrNotMigrated
 	}
@@ -183,13 +186,20 @@ func Prepare(k Keeper, p Params) *Lease {
 // Run starts the keep-alive and the deadline timer, once.
 func (l *Lease) Run() {
 	l.mu.Lock()
-	if l.timer != nil {
+	if l.loopStart != nil {
 		l.mu.Unlock()
 		return
 	}
-	// The deadline timer closes Done even if the keep-alive goroutine is stuck.
-	l.timer = time.AfterFunc(l.until(l.deadlineLocked()), l.timerFired)
 	l.loopStart = time.AfterFunc(max(l.firstKeepAlive()-elapsed(l.now(), l.lastOK), 0), func() {
+		// The deadline timer closes Done even if the keep-alive goroutine is stuck.
+		// It is armed here, when the first keep-alive is due, which is before the
+		// deadline: a lease released earlier costs no timer for it (Done and Err
+		// look at the deadline themselves).
+		l.mu.Lock()
+		if l.err == nil && l.timer == nil {
+			l.timer = time.AfterFunc(max(l.until(l.deadlineLocked()), 0), l.timerFired)
+		}
+		l.mu.Unlock()
 		if l.claimLoop() {
 			l.loop()
 		}
