@@ -55,8 +55,8 @@ func pgStatementsFor(ttl time.Duration, token bool) (t [2][2]pgStatements) {
 	bound := "set_config('idle_session_timeout', " + ms + ", false) || set_config('tcp_user_timeout', " + ms + ", false)"
 	tok, tokIfGot := "", ""
 	if token {
-		tok = ", " + fence.EpochPostgres
-		tokIfGot = ", CASE WHEN l.got THEN " + fence.EpochPostgres + " END"
+		tok = ", " + fence.EpochPostgres + " AS tok"
+		tokIfGot = ", CASE WHEN l.got THEN " + fence.EpochPostgres + " END AS tok"
 	}
 	for sh := 0; sh < 2; sh++ {
 		for raw := 0; raw < 2; raw++ {
@@ -72,15 +72,29 @@ func pgStatementsFor(ttl time.Duration, token bool) (t [2][2]pgStatements) {
 			// pooler.go): left to right in one select list.
 			// The stamp is written only where it differs (a first lock on the session):
 			// set_config costs more than the read.
-			stamp := "current_setting('sqllock.session', true), CASE WHEN current_setting('sqllock.session', true) IS DISTINCT FROM " +
-				stampArg + " THEN set_config('sqllock.session', " + stampArg + ", false) END"
+			stamp := "current_setting('sqllock.session', true) AS prev, CASE WHEN current_setting('sqllock.session', true) IS DISTINCT FROM " +
+				stampArg + " THEN set_config('sqllock.session', " + stampArg + ", false) END AS stamped"
+			// The outer select returns only what the Locker reads: the settings'
+			// values are not read back. The inner select's volatile expressions are
+			// evaluated all the same (the planner keeps unused volatile outputs of a
+			// subquery, and does not pull such a subquery up).
+			outTok := ""
+			if token {
+				outTok = ", tok"
+			}
 			st := &t[sh][raw]
-			for k, set := range [2]string{fresh: bound, kept: "NULL"} {
+			for k, set := range [2]string{fresh: bound, kept: ""} {
+				setCol, trySetCol := "", ""
+				if set != "" {
+					setCol = ", " + set + " AS bound"
+					trySetCol = ", CASE WHEN l.got THEN " + set + " END AS bound"
+				}
 				// The lock function runs in a subquery, once, before the settings and
-				// the token. The settings' values are not read back.
-				st.try[k] = "SELECT l.got, pg_backend_pid(), " + stamp + ", CASE WHEN l.got THEN " + set + " END" + tokIfGot +
-					" FROM (SELECT pg_try_advisory_lock" + suffix + args + " AS got) l"
-				st.wait[k] = "SELECT pg_backend_pid(), " + stamp + ", " + set + tok + " FROM pg_advisory_lock" + suffix + args
+				// the token.
+				st.try[k] = "SELECT got, pid, prev" + outTok + " FROM (SELECT l.got, pg_backend_pid() AS pid, " + stamp + trySetCol + tokIfGot +
+					" FROM (SELECT pg_try_advisory_lock" + suffix + args + " AS got) l) s"
+				st.wait[k] = "SELECT pid, prev" + outTok + " FROM (SELECT pg_backend_pid() AS pid, " + stamp + setCol + tok +
+					" FROM pg_advisory_lock" + suffix + args + ") s"
 			}
 			// One row if the lock was held (the caller reads the row count: Exec
 			// starts no goroutine of database/sql's, unlike a query with a context).
@@ -121,11 +135,11 @@ func (l *Locker) pgLock(ctx context.Context, conn *sql.Conn, keptSid int64, id l
 		k = kept
 	}
 	var t sql.NullInt64
-	var set, prev, stampSet sql.NullString // the settings, not read; the session's stamp before
+	var prev sql.NullString // the session's stamp before
 	stamp := sessionStamp(conn)
 	args := append(id.pgArgs(), stamp)
 	if !wait {
-		err = conn.QueryRowContext(ctx, st.try[k], args...).Scan(l.withToken(&t, &ok, &sid, &prev, &stampSet, &set)...)
+		err = conn.QueryRowContext(ctx, st.try[k], args...).Scan(l.withToken(&t, &ok, &sid, &prev)...)
 		dirty = err != nil
 	} else {
 		// A wait that ctx ends is cancelled on the server (see internal/interrupt):
@@ -134,7 +148,7 @@ func (l *Locker) pgLock(ctx context.Context, conn *sql.Conn, keptSid int64, id l
 		// instant dies with it.
 		dirty, err = l.interrupter().Run(ctx, interrupt.Target{PgConn: interrupt.PgConn(conn), Label: id.name}, false,
 			func(qctx context.Context) error {
-				return conn.QueryRowContext(qctx, st.wait[k], args...).Scan(l.withToken(&t, &sid, &prev, &stampSet, &set)...)
+				return conn.QueryRowContext(qctx, st.wait[k], args...).Scan(l.withToken(&t, &sid, &prev)...)
 			})
 		ok, dirty = err == nil, dirty || err != nil
 	}
