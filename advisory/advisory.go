@@ -13,6 +13,7 @@ import (
 
 	"github.com/sqllock/sqllock"
 	"github.com/sqllock/sqllock/internal/deploy"
+	"github.com/sqllock/sqllock/internal/fence"
 	"github.com/sqllock/sqllock/internal/lease"
 	"github.com/sqllock/sqllock/internal/namekey"
 	"github.com/sqllock/sqllock/internal/pin"
@@ -93,6 +94,9 @@ func WithRequireSyncReplication() Option {
 // lock. The option is your promise that every client of these locks reaches the same
 // writer node (one node address, or a proxy that sends all writes to one node and
 // fails over only when that node is gone, which ends its sessions and so its locks).
+// Fencing tokens then cost a little more: Galera does not replicate the MEMORY table
+// that counts them, so every draw also checks the newest epoch recorded (see
+// Lease.Token).
 func WithGaleraSingleWriter() Option {
 	return func(c *config) error { return c.SetGaleraSingleWriter() }
 }
@@ -122,6 +126,10 @@ type Locker struct {
 	pins    *pin.Pool
 	pgSQL   [2][2]pgStatements
 	guard   *deploy.Guard
+	// MySQL tokens: every draw also checks the epoch when the Locker was promised a
+	// Galera node (Galera does not replicate sqllock_run).
+	myRun  fence.MySQLRun
+	myDraw string
 }
 
 // lockerState is shared by a Locker and its Shared view.
@@ -162,7 +170,9 @@ func New(db *sql.DB, d sqllock.Dialect, opts ...Option) (*Locker, error) {
 	if d == sqllock.Postgres {
 		pins = pin.NewKeeping(db, d, cfg.Timing.TTL, cfg.Logger, "SELECT "+pgReset)
 	}
+	myRun := fence.MySQLRun{NewestEpoch: cfg.GaleraSingleWriter}
 	return &Locker{db: db, dialect: d, cfg: cfg, st: st,
+		myRun: myRun, myDraw: myRun.Draw(),
 		pins:  pins,
 		pgSQL: pgStatementsFor(cfg.Timing.TTL, cfg.token),
 		guard: cfg.Guard(db, d, "advisory", true),

@@ -40,9 +40,11 @@ func (le *Lease) Name() string { return le.s.id.name }
 // token of every run takes a new epoch; the draw is an autocommit UPDATE (no InnoDB
 // write, no redo log flush; with the binary log on, the server still writes and syncs
 // the binary log for it), and is the same statement as GET_LOCK(name, 0) when the
-// lock is free. A counter left from an older epoch than the largest recorded (a
-// Galera node that clients fail back to) takes a new epoch too. The epoch is durable
-// as commits on the server are (innodb_flush_log_at_trx_commit=1, the default).
+// lock is free. Replication carries the counter to a replica with the epochs; with
+// WithGaleraSingleWriter, whose nodes do not replicate it, every draw also checks
+// that the counter is of the newest epoch recorded (a node that clients fail back to
+// may keep an older one) and takes a new one if not. The epoch is durable as commits
+// on the server are (innodb_flush_log_at_trx_commit=1, the default).
 // Reentrant holds of one owner share the token of the first. It is 0 with
 // WithoutToken.
 //

@@ -222,7 +222,7 @@ func (l *Locker) sawContention(id lockID) {
 }
 
 // myLock takes the lock on conn with GET_LOCK and, with tokens, draws the token
-// (fence.DrawnMySQL: no commit). sid is the session's CONNECTION_ID() if a lease of
+// (fence.MySQLRun: no commit). sid is the session's CONNECTION_ID() if a lease of
 // this Locker used the session before (pin.Pool keeps it), else 0; the session id is
 // returned. sent is when the last statement before the lease starts was sent. The
 // name is hex and the timeout a number formatted here, so each statement is sent as
@@ -253,10 +253,10 @@ func (l *Locker) myLock(ctx context.Context, conn *sql.Conn, sid int64, id lockI
 			ok = got.Int64 == 1
 			if err == nil && ok && token {
 				sent = time.Now()
-				tok, _, err = fence.DrawnMySQL(ctx, conn, fence.DrawMySQL)
+				tok, _, err = l.myRun.Drawn(ctx, conn, l.myDraw)
 			}
 		case token:
-			tok, ok, err = fence.DrawnMySQL(ctx, conn, fence.TryLockDrawMySQL("GET_LOCK("+name+", 0)"))
+			tok, ok, err = l.myRun.Drawn(ctx, conn, l.myRun.TryLockDraw("GET_LOCK("+name+", 0)"))
 		default:
 			var got sql.NullInt64
 			err = conn.QueryRowContext(ctx, "SELECT GET_LOCK("+name+", 0)").Scan(&got)
@@ -280,7 +280,7 @@ func (l *Locker) myLock(ctx context.Context, conn *sql.Conn, sid int64, id lockI
 	}
 	if token {
 		sent = time.Now()
-		if tok, _, err = fence.DrawnMySQL(ctx, conn, fence.DrawMySQL); err != nil {
+		if tok, _, err = l.myRun.Drawn(ctx, conn, l.myDraw); err != nil {
 			return sid, 0, sent, false, true, err
 		}
 	}

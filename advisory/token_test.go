@@ -103,9 +103,10 @@ func TestTokensAcrossCrash(t *testing.T) {
 // MEMORY table sqllock_run, under the epoch of the server's run (sqllock_epoch). The
 // first token of a run records the run's epoch (in a fresh database: epoch 1);
 // emptying sqllock_run, as every start of the server does, makes the next draw record
-// the next epoch, whose tokens are larger than all before; a counter whose epoch is
-// older than the largest recorded (a Galera node clients failed back to) or whose
-// low bits are used up takes a new epoch too. A refused TryAcquire draws nothing, and
+// the next epoch, whose tokens are larger than all before; a counter whose low bits
+// are used up takes a new epoch too, and so does, with WithGaleraSingleWriter, a
+// counter whose epoch is older than the largest recorded (a Galera node clients
+// failed back to). A refused TryAcquire draws nothing, and
 // a draw that had to record an epoch took the lock exactly once (another session
 // gets it after the Release).
 func TestEpochTokensMySQL(t *testing.T) {
@@ -187,11 +188,18 @@ func TestEpochTokensMySQL(t *testing.T) {
 	draw(1)
 	exec("DELETE FROM sqllock_run") // what a start of the server does
 	draw(2)
-	exec("INSERT INTO sqllock_epoch (epoch, created_at) VALUES (10, UTC_TIMESTAMP(6))") // another node's
+	exec("UPDATE sqllock_run SET v = (2 << 44) + 17592186044415") // the counter's bits used up
+	last = 2<<44 + 17592186044415
+	draw(3)
+	// Another Galera node recorded a newer epoch (sqllock_epoch is replicated,
+	// sqllock_run is not). Without the Galera promise the Locker goes on from its
+	// server's counter (on servers that replicate sqllock_run no other server draws
+	// meanwhile); with it, every draw checks the epoch and takes a newer one.
+	exec("INSERT INTO sqllock_epoch (epoch, created_at) VALUES (10, UTC_TIMESTAMP(6))")
+	draw(3)
+	l = newLocker(t, db, d, advisory.WithGaleraSingleWriter())
+	other = newLocker(t, db, d, advisory.WithGaleraSingleWriter())
 	draw(11)
-	exec("UPDATE sqllock_run SET v = (11 << 44) + 17592186044415") // the counter's bits used up
-	last = 11<<44 + 17592186044415
-	draw(12)
 	var n int
 	if err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM sqllock_epoch").Scan(&n); err != nil || n != 5 {
 		t.Fatalf("sqllock_epoch: %d rows (%v), want 5: one per new run and the other node's", n, err)

@@ -2,6 +2,7 @@ package fence_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"sync"
 	"testing"
@@ -79,6 +80,12 @@ func TestNextIncreases(t *testing.T) {
 // (one per process, whichever session gets there first). A duplicate key or a
 // deadlock between recorders never reaches them.
 func TestDrawnMySQLConcurrentFirstUse(t *testing.T) {
+	for _, run := range []fence.MySQLRun{{}, {NewestEpoch: true}} {
+		t.Run(fmt.Sprintf("NewestEpoch=%v", run.NewestEpoch), func(t *testing.T) { concurrentFirstUse(t, run) })
+	}
+}
+
+func concurrentFirstUse(t *testing.T, run fence.MySQLRun) {
 	const d = sqllock.MySQL
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -99,7 +106,7 @@ func TestDrawnMySQLConcurrentFirstUse(t *testing.T) {
 			defer conn.Close()
 			var last int64
 			for range each {
-				tok, granted, err := fence.DrawnMySQL(ctx, conn, fence.DrawMySQL)
+				tok, granted, err := run.Drawn(ctx, conn, run.Draw())
 				if err != nil || !granted {
 					t.Errorf("draw: %d %v %v", tok, granted, err)
 					return

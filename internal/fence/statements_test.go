@@ -13,9 +13,11 @@ import (
 // tokens without a warning (no deprecated syntax).
 func TestMySQLStatementsDrawNoWarnings(t *testing.T) {
 	testdb.CheckMySQLStatements(t, map[string]string{
-		"NextMySQL":        fence.NextMySQL,
-		"DrawMySQL":        fence.DrawMySQL,
-		"TryLockDrawMySQL": fence.TryLockDrawMySQL("GET_LOCK('sqllock:check', 0)"),
+		"NextMySQL":                 fence.NextMySQL,
+		"Draw":                      fence.MySQLRun{}.Draw(),
+		"TryLockDraw":               fence.MySQLRun{}.TryLockDraw("GET_LOCK('sqllock:check', 0)"),
+		"Draw (NewestEpoch)":        fence.MySQLRun{NewestEpoch: true}.Draw(),
+		"TryLockDraw (NewestEpoch)": fence.MySQLRun{NewestEpoch: true}.TryLockDraw("GET_LOCK('sqllock:check', 0)"),
 	})
 }
 
@@ -26,7 +28,7 @@ func TestEpochShift(t *testing.T) {
 	if !strings.Contains(fence.EpochPostgres, "* "+shift+" +") {
 		t.Errorf("EpochPostgres does not multiply by %s: %s", shift, fence.EpochPostgres)
 	}
-	for _, s := range []string{fence.DrawMySQL, fence.TryLockDrawMySQL("GET_LOCK('x', 0)")} {
+	for _, s := range []string{fence.MySQLRun{NewestEpoch: true}.Draw(), fence.MySQLRun{NewestEpoch: true}.TryLockDraw("GET_LOCK('x', 0)")} {
 		if !strings.Contains(s, "v >> "+strconv.Itoa(fence.EpochShift)+" ") || !strings.Contains(s, mask) {
 			t.Errorf("not shifted by %d (mask %s): %s", fence.EpochShift, mask, s)
 		}
