@@ -243,8 +243,9 @@ func (l *Locker) myLock(ctx context.Context, conn *sql.Conn, sid int64, id lockI
 	name := "'" + id.myName + "'"
 	if !wait || sid == 0 || !l.contended(id) {
 		sent = time.Now()
-		switch {
-		case sid == 0:
+		if sid != 0 && token {
+			tok, ok, err = l.myRun.Drawn(ctx, conn, l.myRun.TryLockDraw("GET_LOCK("+name+", 0)"))
+		} else {
 			var got sql.NullInt64
 			err = conn.QueryRowContext(ctx, "SELECT GET_LOCK("+name+", 0), CONNECTION_ID()").Scan(&got, &sid)
 			if err == nil && !got.Valid {
@@ -255,15 +256,6 @@ func (l *Locker) myLock(ctx context.Context, conn *sql.Conn, sid int64, id lockI
 				sent = time.Now()
 				tok, _, err = l.myRun.Drawn(ctx, conn, l.myDraw)
 			}
-		case token:
-			tok, ok, err = l.myRun.Drawn(ctx, conn, l.myRun.TryLockDraw("GET_LOCK("+name+", 0)"))
-		default:
-			var got sql.NullInt64
-			err = conn.QueryRowContext(ctx, "SELECT GET_LOCK("+name+", 0)").Scan(&got)
-			if err == nil && !got.Valid {
-				err = errors.New("GET_LOCK returned NULL")
-			}
-			ok = got.Int64 == 1
 		}
 		switch {
 		case err != nil:
