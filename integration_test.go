@@ -275,7 +275,7 @@ var privileges = map[string]map[sqllock.Dialect][]string{
 	},
 	"advisory": {
 		sqllock.Postgres: {"SELECT, INSERT ON sqllock_epoch", "USAGE ON SEQUENCE sqllock_token_seq"},
-		sqllock.MySQL:    {"SELECT, INSERT, UPDATE ON sqllock_fence"},
+		sqllock.MySQL:    {"SELECT, INSERT ON sqllock_epoch", "SELECT, INSERT, UPDATE ON sqllock_run"},
 	},
 	"optimistic": {
 		sqllock.Postgres: {"SELECT, INSERT, UPDATE ON sqllock_optimistic", "SELECT ON sqllock_fence"},

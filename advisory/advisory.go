@@ -64,10 +64,10 @@ func WithKeepalive(d time.Duration) Option {
 	return func(c *config) error { return c.SetInterval(d) }
 }
 
-// WithoutToken skips the fencing token: Lease.Token returns 0, and Acquire saves on
-// MySQL the statement and commit that bump the per-name counter in sqllock_fence, on
-// PostgreSQL the sequence read in its locking statement. Use it when the protected
-// resource does not check tokens.
+// WithoutToken skips the fencing token: Lease.Token returns 0, and Acquire draws
+// nothing (on MySQL a contended acquisition saves a statement, and an uncontended one
+// is a bare GET_LOCK; on PostgreSQL the locking statement reads no sequence). Use it
+// when the protected resource does not check tokens.
 func WithoutToken() Option {
 	return func(c *config) error { c.token = false; return nil }
 }
@@ -94,6 +94,9 @@ func WithRequireSyncReplication() Option {
 // lock. The option is your promise that every client of these locks reaches the same
 // writer node (one node address, or a proxy that sends all writes to one node and
 // fails over only when that node is gone, which ends its sessions and so its locks).
+// Fencing tokens then cost a little more: Galera does not replicate the MEMORY table
+// that counts them, so every draw also checks the newest epoch recorded (see
+// Lease.Token).
 func WithGaleraSingleWriter() Option {
 	return func(c *config) error { return c.SetGaleraSingleWriter() }
 }
@@ -123,6 +126,10 @@ type Locker struct {
 	pins    *pin.Pool
 	pgSQL   [2][2]pgStatements
 	guard   *deploy.Guard
+	// MySQL tokens: every draw also checks the epoch when the Locker was promised a
+	// Galera node (Galera does not replicate sqllock_run).
+	myRun  fence.MySQLRun
+	myDraw string
 }
 
 // lockerState is shared by a Locker and its Shared view.
@@ -136,6 +143,8 @@ type lockerState struct {
 	// pooled is the refusal once a session was seen to move between server backends
 	// (see pooler.go).
 	pooled atomic.Pointer[error]
+
+	contention contention // MySQL: when names were last seen held elsewhere
 }
 
 var _ sqllock.Locker = (*Locker)(nil)
@@ -157,8 +166,14 @@ func New(db *sql.DB, d sqllock.Dialect, opts ...Option) (*Locker, error) {
 	if cfg.nsSet {
 		st.ns = cfg.namespace
 	}
+	pins := pin.New(db, d, cfg.Timing.TTL, cfg.Logger)
+	if d == sqllock.Postgres {
+		pins = pin.NewKeeping(db, d, cfg.Timing.TTL, cfg.Logger, "SELECT "+pgReset)
+	}
+	myRun := fence.MySQLRun{NewestEpoch: cfg.GaleraSingleWriter}
 	return &Locker{db: db, dialect: d, cfg: cfg, st: st,
-		pins:  pin.New(db, d, cfg.Timing.TTL, cfg.Logger),
+		myRun: myRun, myDraw: myRun.Draw(),
+		pins:  pins,
 		pgSQL: pgStatementsFor(cfg.Timing.TTL, cfg.token),
 		guard: cfg.Guard(db, d, "advisory", true),
 	}, nil
@@ -398,9 +413,9 @@ type ownerEntry struct {
 }
 
 // lock pins a connection whose session carries the bound, takes the server lock on
-// it and bumps the token.
+// it and draws the token.
 func (l *Locker) lock(ctx context.Context, op string, id lockID, wait bool) (*Lease, error) {
-	conn, err := l.pins.Get(ctx)
+	conn, sid, err := l.pins.GetSession(ctx)
 	if err != nil {
 		if cerr := ctx.Err(); cerr != nil {
 			return nil, l.errorf(op, id, sqllock.ErrNotAcquired, cerr)
@@ -408,8 +423,7 @@ func (l *Locker) lock(ctx context.Context, op string, id lockID, wait bool) (*Le
 		return nil, l.errorf(op, id, nil, err)
 	}
 	var (
-		sid   int64
-		tok   int64 // PostgreSQL: drawn by the locking statement
+		tok   int64
 		ok    bool
 		dirty bool // the session may hold the lock in an unknown state: discard it
 	)
@@ -417,7 +431,7 @@ func (l *Locker) lock(ctx context.Context, op string, id lockID, wait bool) (*Le
 	// sent: the server's idle timer (the bound) restarts after it.
 	granted := time.Now()
 	if l.dialect == sqllock.Postgres {
-		sid, tok, ok, dirty, err = l.pgLock(ctx, conn, id, wait)
+		sid, tok, ok, dirty, err = l.pgLock(ctx, conn, sid, id, wait)
 	} else {
 		if id.myName == "" {
 			var ns string
@@ -428,7 +442,7 @@ func (l *Locker) lock(ctx context.Context, op string, id lockID, wait bool) (*Le
 			id.myName = mysqlLockName(ns, id.name)
 		}
 		if err == nil {
-			sid, ok, dirty, err = l.myLock(ctx, conn, id, wait)
+			sid, tok, granted, ok, dirty, err = l.myLock(ctx, conn, sid, id, wait)
 		}
 	}
 	if err == nil && ok && ctx.Err() != nil {
@@ -438,7 +452,7 @@ func (l *Locker) lock(ctx context.Context, op string, id lockID, wait bool) (*Le
 		if dirty || err != nil {
 			l.pins.Discard(conn)
 		} else {
-			l.pins.Put(conn)
+			l.pins.PutSession(conn, sid)
 		}
 		if cerr := ctx.Err(); cerr != nil {
 			return nil, l.errorf(op, id, sqllock.ErrNotAcquired, cerr)
@@ -451,17 +465,7 @@ func (l *Locker) lock(ctx context.Context, op string, id lockID, wait bool) (*Le
 		}
 		return nil, l.errorf(op, id, sqllock.ErrNotAcquired, nil)
 	}
-	if l.cfg.token && l.dialect == sqllock.MySQL {
-		granted = time.Now()
-		tok, err = fence.NextAutocommit(ctx, conn, l.dialect, id.name)
-		if err != nil {
-			l.pins.Discard(conn)
-			if cerr := ctx.Err(); cerr != nil {
-				return nil, l.errorf(op, id, sqllock.ErrNotAcquired, cerr)
-			}
-			return nil, l.errorf(op, id, nil, fmt.Errorf("fencing token: %w", err))
-		}
-	} else if time.Since(granted) > l.cfg.Timing.Interval/4 {
+	if time.Since(granted) > l.cfg.Timing.Interval/4 {
 		// The lock statement waited: the lease starts from a statement sent now, not
 		// from the start of the wait.
 		granted = time.Now()

@@ -1,8 +1,15 @@
 // Package advisory implements sqllock.Locker with the locks the database server keeps
 // for a session: pg_advisory_lock and its shared, try and transaction-scoped forms on
 // PostgreSQL, and GET_LOCK / RELEASE_LOCK on MySQL and MariaDB. It is the fastest
-// strategy of this module: an uncontended acquisition is one statement, plus one for
-// the fencing token unless WithoutToken is given.
+// strategy of this module: an uncontended acquisition is one statement, which also
+// draws the fencing token (no commit of its own), and the release one more. With
+// several processes contending for a name, an acquisition is the waiting lock
+// statement and the release, plus on MySQL one statement for the token (drawn after
+// the wait: a statement that may wait never touches the token's table). On MySQL
+// these counts hold for the sessions the Locker keeps for reuse; a session new from
+// the pool costs a statement that sets its bound, and its first lock statement also
+// reads its CONNECTION_ID() (for KILL QUERY) and draws the token separately. See
+// Lease.Token for how tokens stay increasing across server crashes.
 //
 // # Sessions
 //
@@ -18,14 +25,19 @@
 // locking statement; wait_timeout and net_write_timeout on MySQL, in whole seconds),
 // which frees the lock. A keep-alive runs a statement on the session every keep-alive
 // interval (DefaultKeepalive), which restarts that idle timer, and compares its
-// session id (pg_backend_pid(), CONNECTION_ID()) with the one captured in the locking
-// statement; on MySQL it also checks IS_USED_LOCK. If no keep-alive succeeded for the
+// session id (pg_backend_pid(), CONNECTION_ID()) with the one the session had when it
+// took the lock (read by the locking statement on PostgreSQL and by the first lock
+// statement of the session on MySQL); on MySQL it also checks IS_USED_LOCK. If no keep-alive succeeded for the
 // TTL less a safety margin (TTL/5), on the client's clock, the lease ends with
 // sqllock.ErrLost: a holder cut off from the server is told before the server frees
 // the lock, and a dead holder's lock is free within the TTL, not when TCP gives up
-// hours later. The settings are put back when the lock is released (on PostgreSQL in
-// the unlock statement: no round trip is added); on MySQL the Locker keeps a few
-// configured sessions for a moment to reuse them (Close returns them).
+// hours later. The settings are put back before the session returns to the pool: on
+// PostgreSQL in the unlock statement (no round trip is added), except that a Locker
+// that takes locks back to back keeps a few sessions for a moment with their bound
+// still set, and their lock and unlock statements leave the settings alone; on MySQL
+// the Locker keeps a few configured sessions for a moment to reuse them. A kept
+// session's settings are put back by a statement of its own when it leaves the Locker
+// (after about TTL/4, at most 2s, unused, or at Close).
 //
 // If the session is killed from outside (an operator's KILL, pg_terminate_backend,
 // a server restart), the server frees the lock at once, and the holder learns it

@@ -30,18 +30,28 @@ func (le *Lease) Name() string { return le.s.id.name }
 
 // Token returns the fencing token of this acquisition, strictly greater than the
 // token of every earlier acquisition of the name, across crashes and restarts of the
-// server. On PostgreSQL it is drawn by the locking statement itself, with no commit
-// of its own: the epoch of the server's run times 2^44 plus the next value of one
-// sequence shared by every name (so tokens are large and not consecutive; each run of
-// the server records its epoch once, with a synchronous commit, in sqllock_epoch,
-// whose rows must never be deleted). On MySQL it is the per-name counter of
-// sqllock_fence, bumped by an autocommit statement on the lock's session right after
-// the grant. Reentrant holds of one owner share the token of the first. It is 0 with
+// server. It is drawn with no commit of its own: the epoch of the server's run times
+// 2^44 plus a counter shared by every name (so tokens are large and not consecutive).
+// Each run of the server records its epoch once, durably, before its first token,
+// one above the largest recorded (sqllock_epoch, whose rows must never be deleted).
+// On PostgreSQL the counter is a sequence read by the locking statement itself, and
+// the epoch is committed synchronously. On MySQL the counter is the one row of the
+// MEMORY table sqllock_run, which the server empties when it starts, so the first
+// token of every run takes a new epoch; the draw is an autocommit UPDATE (no InnoDB
+// write, no redo log flush; with the binary log on, the server still writes and syncs
+// the binary log for it), and is the same statement as GET_LOCK(name, 0) when the
+// lock is free. Replication carries the counter to a replica with the epochs; with
+// WithGaleraSingleWriter, whose nodes do not replicate it, every draw also checks
+// that the counter is of the newest epoch recorded (a node that clients fail back to
+// may keep an older one) and takes a new one if not. The epoch is durable as commits
+// on the server are (innodb_flush_log_at_trx_commit=1, the default).
+// Reentrant holds of one owner share the token of the first. It is 0 with
 // WithoutToken.
 //
-// Upgrading from a version that drew PostgreSQL tokens from sqllock_fence: the new
-// tokens are larger than any of those, but replicas still running the old version
-// keep drawing small ones; upgrade every replica before relying on the order.
+// Upgrading from a version that drew tokens from sqllock_fence (per-name counters):
+// the new tokens are larger than any of those (they would have to have counted 2^44
+// acquisitions of a name), but replicas still running the old version keep drawing
+// small ones; upgrade every replica before relying on the order.
 func (le *Lease) Token() int64 { return le.s.token }
 
 // SessionID returns the server session that holds the lock: the backend PID on
@@ -259,7 +269,11 @@ func (s *session) GiveBack(ctx context.Context, lost bool) error {
 		s.l.pins.Discard(s.conn)
 		return nil
 	}
-	held, err := s.unlock(ctx)
+	keep := s.l.pins.Reserve() // PostgreSQL: the unlock leaves the bound on a kept session
+	held, err := s.unlock(ctx, keep)
+	if keep && (err != nil || !held) {
+		s.l.pins.Unreserve()
+	}
 	switch {
 	case err != nil:
 		s.l.pins.Discard(s.conn)
@@ -283,16 +297,23 @@ func (s *session) GiveBack(ctx context.Context, lost bool) error {
 		}
 		s.l.pins.Discard(s.conn)
 		return lease.Gonef("the session no longer held the lock")
+	case keep:
+		s.l.pins.PutKept(s.conn, s.sid)
+	default:
+		s.l.pins.PutSession(s.conn, s.sid)
 	}
-	s.l.pins.Put(s.conn)
 	return nil
 }
 
-// unlock releases the server lock (and on PostgreSQL puts the session's bound back
-// in the same statement).
-func (s *session) unlock(ctx context.Context) (bool, error) {
+// unlock releases the server lock, and on PostgreSQL puts the session's bound back
+// in the same statement unless keep (the Locker keeps the session with its bound).
+func (s *session) unlock(ctx context.Context, keep bool) (bool, error) {
 	if s.l.dialect == sqllock.Postgres {
-		res, err := s.conn.ExecContext(ctx, s.l.pgStmts(s.id).unlock, s.id.pgArgs()...)
+		k := fresh
+		if keep {
+			k = kept
+		}
+		res, err := s.conn.ExecContext(ctx, s.l.pgStmts(s.id).unlock[k], s.id.pgArgs()...)
 		if err != nil {
 			return false, err
 		}

@@ -5,7 +5,7 @@ import (
 	"crypto/rand"
 	"database/sql"
 	"encoding/hex"
-	"fmt"
+	"strconv"
 
 	"github.com/sqllock/sqllock/internal/deploy"
 	"github.com/sqllock/sqllock/internal/interrupt"
@@ -51,7 +51,7 @@ func sessionStamp(conn *sql.Conn) string {
 	}
 	// The backend key the client was given at connect: unique per server session,
 	// and per client connection behind pgbouncer (which hands out its own).
-	return fmt.Sprintf("%s-%d-%x", procStamp, pgc.PID(), pgc.SecretKey())
+	return procStamp + "-" + strconv.FormatUint(uint64(pgc.PID()), 10) + "-" + hex.EncodeToString(pgc.SecretKey())
 }
 
 // foreignStamp reports whether prev, the stamp a locking statement read on its

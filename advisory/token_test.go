@@ -1,7 +1,9 @@
 package advisory_test
 
 import (
+	"context"
 	"database/sql"
+	"errors"
 	"testing"
 	"time"
 
@@ -95,4 +97,186 @@ func TestTokensAcrossCrash(t *testing.T) {
 	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
 		locktest.TokensAcrossCrash(t, d, func(t testing.TB, db *sql.DB) sqllock.Locker { return newLocker(t, db, d) })
 	})
+}
+
+// TestEpochTokensMySQL: on MySQL a token costs no commit either: it is drawn from the
+// MEMORY table sqllock_run, under the epoch of the server's run (sqllock_epoch). The
+// first token of a run records the run's epoch (in a fresh database: epoch 1);
+// emptying sqllock_run, as every start of the server does, makes the next draw record
+// the next epoch, whose tokens are larger than all before; a counter whose low bits
+// are used up takes a new epoch too, and so does, with WithGaleraSingleWriter, a
+// counter whose epoch is older than the largest recorded (a Galera node clients
+// failed back to). A refused TryAcquire draws nothing, and
+// a draw that had to record an epoch took the lock exactly once (another session
+// gets it after the Release).
+func TestEpochTokensMySQL(t *testing.T) {
+	d := sqllock.MySQL
+	ctx := testdb.Context(t, time.Minute)
+	db := testdb.OpenIsolated(t, d)
+	if err := migrations.Up(ctx, db, d); err != nil {
+		t.Fatal(err)
+	}
+	l := newLocker(t, db, d)
+	other := newLocker(t, db, d)
+	name := testdb.Name(t)
+	counter := func() (v int64) {
+		t.Helper()
+		if err := db.QueryRowContext(ctx, "SELECT v FROM sqllock_run").Scan(&v); err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	var last int64
+	draw := func(wantEpoch int64) {
+		t.Helper()
+		for _, try := range []bool{false, true, false} {
+			var le sqllock.Lease
+			var err error
+			if try {
+				le, err = l.TryAcquire(ctx, name)
+			} else {
+				le, err = l.Acquire(ctx, name)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			tok := le.Token()
+			if tok <= last {
+				t.Fatalf("token %d after %d: not increasing", tok, last)
+			}
+			if e := epochOf(tok); e != wantEpoch {
+				t.Fatalf("token %d is of epoch %d, want %d", tok, e, wantEpoch)
+			}
+			last = tok
+			if try { // held: another Locker is refused and draws nothing
+				v := counter()
+				if _, err := other.TryAcquire(ctx, name); !errors.Is(err, sqllock.ErrNotAcquired) {
+					t.Fatalf("TryAcquire of a held lock: %v", err)
+				}
+				if v2 := counter(); v2 != v {
+					t.Fatalf("a refused TryAcquire drew a token: the counter went from %d to %d", v, v2)
+				}
+			}
+			if err := le.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+			// Released once is free: no nested GET_LOCK was left on the session.
+			ole, err := other.TryAcquire(ctx, name+"/other")
+			if err != nil {
+				t.Fatal(err)
+			}
+			ole.Release(ctx)
+			ole, err = other.TryAcquire(ctx, name)
+			if err != nil {
+				t.Fatalf("after Release: %v", err)
+			}
+			if ole.Token() <= last {
+				t.Fatalf("the other Locker's token %d after %d", ole.Token(), last)
+			}
+			last = ole.Token()
+			if err := ole.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	exec := func(q string) {
+		t.Helper()
+		if _, err := db.ExecContext(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	draw(1)
+	exec("DELETE FROM sqllock_run") // what a start of the server does
+	draw(2)
+	exec("UPDATE sqllock_run SET v = (2 << 44) + 17592186044415") // the counter's bits used up
+	last = 2<<44 + 17592186044415
+	draw(3)
+	// Another Galera node recorded a newer epoch (sqllock_epoch is replicated,
+	// sqllock_run is not). Without the Galera promise the Locker goes on from its
+	// server's counter (on servers that replicate sqllock_run no other server draws
+	// meanwhile); with it, every draw checks the epoch and takes a newer one.
+	exec("INSERT INTO sqllock_epoch (epoch, created_at) VALUES (10, UTC_TIMESTAMP(6))")
+	draw(3)
+	l = newLocker(t, db, d, advisory.WithGaleraSingleWriter())
+	other = newLocker(t, db, d, advisory.WithGaleraSingleWriter())
+	draw(11)
+	var n int
+	if err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM sqllock_epoch").Scan(&n); err != nil || n != 5 {
+		t.Fatalf("sqllock_epoch: %d rows (%v), want 5: one per new run and the other node's", n, err)
+	}
+	// WithoutToken draws nothing.
+	lw := newLocker(t, db, d, advisory.WithoutToken())
+	le, err := lw.Acquire(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer le.Release(ctx)
+	if le.Token() != 0 {
+		t.Fatalf("WithoutToken: token %d", le.Token())
+	}
+}
+
+// TestEpochRecordedUnderContentionMySQL: the first draw of a server run records the
+// run's epoch while other clients wait for the same lock. A statement that reads the
+// MEMORY table sqllock_run holds its table lock while it runs, so a waiter that held
+// it while waiting would deadlock with the writer of the epoch: the waiting GET_LOCK
+// reads no table. Here the run's counter is dropped (as a restart does) while
+// waiters of other pools queue behind a holder; every waiter must get the lock in
+// turn, quickly, with tokens of the next epoch in increasing order.
+func TestEpochRecordedUnderContentionMySQL(t *testing.T) {
+	const d = sqllock.MySQL
+	ctx := testdb.Context(t, time.Minute)
+	admin := testdb.Open(t, d)
+	name := testdb.Name(t)
+	holder := newLocker(t, testdb.Open(t, d), d)
+	held, err := holder.Acquire(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const waiters = 4
+	type result struct {
+		tok int64
+		err error
+	}
+	got := make(chan result, waiters)
+	for range waiters {
+		l := newLocker(t, testdb.Open(t, d), d)
+		go func() {
+			wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+			defer cancel()
+			le, err := l.Acquire(wctx, name)
+			if err != nil {
+				got <- result{err: err}
+				return
+			}
+			tok := le.Token()
+			got <- result{tok, le.Release(wctx)}
+		}()
+	}
+	for serverWaiters(t, admin, d, holder, name) < waiters { // polls the server: no signal exists
+		if ctx.Err() != nil {
+			t.Fatal("the waiters never queued")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if _, err := admin.ExecContext(ctx, "DELETE FROM sqllock_run"); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if err := held.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	before := held.Token()
+	for range waiters {
+		r := <-got
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		if r.tok <= before || epochOf(r.tok) <= epochOf(before) {
+			t.Fatalf("token %d after the run's counter was dropped, %d before", r.tok, before)
+		}
+	}
+	if took := time.Since(start); took > 10*time.Second {
+		t.Fatalf("%d waiters took %v to get the lock in turn", waiters, took)
+	}
 }

@@ -21,7 +21,7 @@
 // on MySQL; on MariaDB METADATA_LOCK_INFO if installed, else IS_USED_LOCK on the names
 // it knows, with waiters from the processlist). Advisory keys are hashes: status maps
 // them back to names by hashing every name recorded in the library's tables and those
-// given with -name (advisory tokens on PostgreSQL record no name), and says "unknown
+// given with -name (advisory locks record no name: their tokens are not per name), and says "unknown
 // name" otherwise. What the server does not let it see is said in notes (on MariaDB,
 // InnoDB shows a forupdate row lock only while someone waits for it).
 //

@@ -91,7 +91,7 @@ func TestStatusEveryStrategy(t *testing.T) {
 		)
 		for deadline := time.Now().Add(15 * time.Second); ; {
 			var err error
-			// -name: PostgreSQL's advisory locks record their names nowhere.
+			// -name: advisory locks record their names nowhere.
 			out, err = runCLI(t, "-dsn", dsn, "status", "--json", "-name", names["advisory"])
 			if err != nil {
 				t.Fatalf("status --json: %v\n%s", err, out)

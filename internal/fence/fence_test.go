@@ -2,6 +2,7 @@ package fence_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"sync"
 	"testing"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/sqllock/sqllock"
 	"github.com/sqllock/sqllock/internal/fence"
+	"github.com/sqllock/sqllock/migrations"
 	"github.com/sqllock/sqllock/testdb"
 )
 
@@ -70,4 +72,64 @@ func TestNextIncreases(t *testing.T) {
 			t.Fatalf("Next after rollback = %d, %v; want %d", tok, err, n+1)
 		}
 	})
+}
+
+// TestDrawnMySQLConcurrentFirstUse: sessions that draw at once in a run that has no
+// epoch yet (a fresh database here; after a restart of the server alike) all get
+// tokens, each session's strictly increasing and no two equal, and record few epochs
+// (one per process, whichever session gets there first). A duplicate key or a
+// deadlock between recorders never reaches them.
+func TestDrawnMySQLConcurrentFirstUse(t *testing.T) {
+	for _, run := range []fence.MySQLRun{{}, {NewestEpoch: true}} {
+		t.Run(fmt.Sprintf("NewestEpoch=%v", run.NewestEpoch), func(t *testing.T) { concurrentFirstUse(t, run) })
+	}
+}
+
+func concurrentFirstUse(t *testing.T, run fence.MySQLRun) {
+	const d = sqllock.MySQL
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	db := testdb.OpenIsolated(t, d)
+	if err := migrations.Up(ctx, db, d); err != nil {
+		t.Fatal(err)
+	}
+	const sessions, each = 16, 10
+	toks := make(chan int64, sessions*each)
+	var wg sync.WaitGroup
+	for range sessions {
+		wg.Go(func() {
+			conn, err := db.Conn(ctx)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer conn.Close()
+			var last int64
+			for range each {
+				tok, granted, err := run.Drawn(ctx, conn, run.Draw())
+				if err != nil || !granted {
+					t.Errorf("draw: %d %v %v", tok, granted, err)
+					return
+				}
+				if tok <= last {
+					t.Errorf("token %d after %d on one session", tok, last)
+				}
+				last = tok
+				toks <- tok
+			}
+		})
+	}
+	wg.Wait()
+	close(toks)
+	seen := map[int64]bool{}
+	for tok := range toks {
+		if seen[tok] {
+			t.Fatalf("token %d drawn twice", tok)
+		}
+		seen[tok] = true
+	}
+	var epochs int
+	if err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM sqllock_epoch").Scan(&epochs); err != nil || epochs != 1 {
+		t.Fatalf("%d epochs recorded (%v), want 1 (one process)", epochs, err)
+	}
 }

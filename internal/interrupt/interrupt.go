@@ -59,22 +59,31 @@ type Interrupter struct {
 // interrupt whose delivery is uncertain may still reach a later statement. Run
 // returns only when no interrupt of this statement is under way, so the session may
 // run its next statement at once.
+//
+// Nothing runs beside a statement whose ctx does not end (context.AfterFunc starts
+// the interrupter only then). With pgx (t.PgConn) the statement's context cannot end
+// at all, so neither database/sql nor pgx watches it; the last resort of breaking the
+// connection sets its deadline, as pgx does for a cancelled context. With other
+// drivers the statement's context is cancelled instead.
 func (in Interrupter) Run(ctx context.Context, t Target, serverBound bool, stmt func(qctx context.Context) error) (dirty bool, err error) {
 	if ctx.Done() == nil {
 		return false, stmt(ctx)
 	}
-	qctx, breakConn := context.WithCancel(context.WithoutCancel(ctx))
-	defer breakConn()
+	qctx := context.WithoutCancel(ctx)
+	var breakConn func()
+	if t.PgConn != nil {
+		breakConn = func() { _ = t.PgConn.Conn().SetDeadline(time.Now()) }
+	} else {
+		var cancel context.CancelFunc
+		qctx, cancel = context.WithCancel(qctx)
+		defer cancel()
+		breakConn = cancel
+	}
 	finished := make(chan struct{})
 	exited := make(chan struct{})
 	clean := true
-	go func() {
+	stop := context.AfterFunc(ctx, func() {
 		defer close(exited)
-		select {
-		case <-finished:
-			return
-		case <-ctx.Done():
-		}
 		if serverBound && errors.Is(ctx.Err(), context.DeadlineExceeded) {
 			tm := time.NewTimer(ServerBoundGrace)
 			defer tm.Stop()
@@ -90,13 +99,15 @@ func (in Interrupter) Run(ctx context.Context, t Target, serverBound bool, stmt 
 		default:
 		}
 		clean = in.interrupt(t, finished, breakConn)
-	}()
+	})
 	err = stmt(qctx)
 	// No other statement may start on the session while an interrupt of this one is
 	// on its way: wait for the interrupter. An interrupt that arrives between
 	// statements is ignored by both servers.
 	close(finished)
-	<-exited
+	if !stop() {
+		<-exited
+	}
 	return !clean, err
 }
 

@@ -95,6 +95,9 @@ func (lb Label) Err(op string, kind, cause error) error {
 // database error saying that a table or column of the library is missing gets the kind
 // sqllock.ErrNotMigrated, which says to run the migrations.
 func NewError(op string, d sqllock.Dialect, name string, kind, cause error) error {
+	if cause == nil { // every Release makes one: nothing to look into
+		return &sqllock.Error{Op: op, Dialect: d, Name: name, Kind: kind}
+	}
 	if kind == nil && sqlerr.Is(cause, sqlerr.UndefinedTable) {
 		kind = sqllock.ErrNotMigrated
 	}
@@ -138,6 +141,12 @@ type Lease struct {
 	abortMu  sync.Once
 	kick     chan struct{} // a Refresh succeeded: reschedule
 	loopDone chan struct{}
+	// The keep-alive goroutine starts when the first keep-alive is due (loopStart), or
+	// at once after a loss (it cleans up): a lease released before that costs no
+	// goroutine. loopClaimed (under mu) is set by whoever starts it, or by Release,
+	// which then closes loopDone itself.
+	loopStart   *time.Timer
+	loopClaimed bool
 }
 
 // Params describe a granted lock for Start.
@@ -177,14 +186,47 @@ func Prepare(k Keeper, p Params) *Lease {
 // Run starts the keep-alive and the deadline timer, once.
 func (l *Lease) Run() {
 	l.mu.Lock()
-	if l.timer != nil {
+	if l.loopStart != nil {
 		l.mu.Unlock()
 		return
 	}
-	// The deadline timer closes Done even if the keep-alive goroutine is stuck.
-	l.timer = time.AfterFunc(l.until(l.deadlineLocked()), l.timerFired)
+	l.loopStart = time.AfterFunc(max(l.firstKeepAlive()-elapsed(l.now(), l.lastOK), 0), func() {
+		// The deadline timer closes Done even if the keep-alive goroutine is stuck.
+		// It is armed here, when the first keep-alive is due, which is before the
+		// deadline: a lease released earlier costs no timer for it (Done and Err
+		// look at the deadline themselves).
+		l.mu.Lock()
+		if l.err == nil && l.timer == nil {
+			l.timer = time.AfterFunc(max(l.until(l.deadlineLocked()), 0), l.timerFired)
+		}
+		l.mu.Unlock()
+		if l.claimLoop() {
+			l.loop()
+		}
+	})
 	l.mu.Unlock()
-	go l.loop()
+}
+
+// claimLoop reports whether the caller is the one to start the keep-alive goroutine
+// (or, for Release, to close loopDone without it): true once.
+func (l *Lease) claimLoop() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.loopClaimed {
+		return false
+	}
+	l.loopClaimed = true
+	return true
+}
+
+// firstKeepAlive is when the first keep-alive is due, after the grant: an Interval,
+// or at once for a grant that took long (latency, a slow pool), which is already
+// close to its deadline. Call with mu held (or before the lease is shared).
+func (l *Lease) firstKeepAlive() time.Duration {
+	if l.until(l.deadlineLocked()) < l.timing.TTL-l.timing.Margin-l.timing.Interval/2 {
+		return 0
+	}
+	return l.timing.Interval
 }
 
 // Timing returns the lease's timing.
@@ -283,6 +325,14 @@ func (l *Lease) end(err error, why string) bool {
 	close(l.done)
 	if l.onEnd != nil {
 		l.onEnd()
+	}
+	if why != "" && l.claimLoop() {
+		// Lost before the keep-alive goroutine started: it starts now, sees the loss
+		// and cleans up.
+		if l.loopStart != nil {
+			l.loopStart.Stop()
+		}
+		go l.loop()
 	}
 	return true
 }
@@ -446,12 +496,9 @@ func OwnConn(ctx context.Context) context.Context {
 func (l *Lease) loop() {
 	defer close(l.loopDone)
 	defer l.cleanUpAfterLoss()
-	next := l.timing.Interval
-	// A grant that took long (latency, a slow pool) is already close to its
-	// deadline: renew at once rather than an Interval after the grant.
-	if l.Remaining() < l.timing.TTL-l.timing.Margin-l.timing.Interval/2 {
-		next = 0
-	}
+	l.mu.Lock()
+	next := l.firstKeepAlive()
+	l.mu.Unlock()
 	retry := max(l.timing.Interval/4, 10*time.Millisecond)
 	t := time.NewTimer(max(next-l.sinceLastOK(), 0))
 	defer t.Stop()
@@ -560,6 +607,12 @@ func (l *Lease) Release(ctx context.Context) (err error) {
 	stopAbort := context.AfterFunc(gctx, func() { l.abortMu.Do(func() { close(l.abort) }) })
 	defer stopAbort()
 	close(l.stop)
+	if l.claimLoop() { // the keep-alive goroutine never started, and now never will
+		if l.loopStart != nil {
+			l.loopStart.Stop()
+		}
+		close(l.loopDone)
+	}
 	<-l.loopDone
 	l.renewMu.Lock() // wait for a Refresh under way
 	defer l.renewMu.Unlock()

@@ -249,10 +249,13 @@ func (l *Lease) releaseSpan(ctx context.Context) (context.Context, trace.Span) {
 	return l.label.startSpan(ctx, "sqllock.release")
 }
 
+// clientSpan is the option of every span of the library, made once.
+var clientSpan = trace.WithSpanKind(trace.SpanKindClient)
+
 // startSpan starts a client span of the label's lock; its attributes are built only
 // if the span records (an SDK is installed and samples it).
 func (lb Label) startSpan(ctx context.Context, name string) (context.Context, trace.Span) {
-	ctx, span := tel.tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindClient))
+	ctx, span := tel.tracer.Start(ctx, name, clientSpan)
 	if span.IsRecording() {
 		span.SetAttributes(attribute.String(AttrStrategy, lb.Strategy), attribute.String(AttrDBSystem, dbSystem(lb.Dialect)), lb.nameAttr())
 	}

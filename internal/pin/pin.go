@@ -15,11 +15,21 @@
 //
 // On PostgreSQL the strategies set the bound inside their own locking statements
 // (set_config of idle_session_timeout or idle_in_transaction_session_timeout, and
-// tcp_user_timeout), so the Pool only hands out and takes back connections.
+// tcp_user_timeout), so the Pool only hands out and takes back connections. A Pool
+// made by NewKeeping also keeps sessions whose strategy left its settings on them,
+// but only for a Pool that is busy (two sessions taken within KeepIdle), so that a
+// strategy can leave out the statements that set and put back the bound on the
+// sessions it reuses at once: before its unlock statement the strategy asks Reserve
+// whether the session will be kept, and puts the settings back in that statement
+// itself if not. A Pool taken from less often hands out and takes back as New's
+// does, and nothing runs beside its statements; the last kept session of a burst
+// gets its settings put back by a statement of its own when it returns to the
+// application's pool.
 //
-// A Pool also remembers the server's id of each session it keeps (SessionID), so that
-// a strategy whose locking statement cannot return it (a MySQL REPLACE) asks once per
-// session, not once per lock.
+// A Pool also remembers the server's id of each session it hands out or keeps, once
+// known (SessionID asks the server the first time; PutSession records one its user
+// read anyway), so that a strategy whose locking statement cannot return it (a MySQL
+// REPLACE, an INSERT ... SELECT) asks once per session, not once per lock.
 package pin
 
 import (
@@ -46,13 +56,18 @@ type Pool struct {
 	reset    string // MySQL: puts the previous values back
 	keepIdle time.Duration
 	log      *slog.Logger
+	// reserve: the Pool keeps sessions reserved with Reserve (NewKeeping).
+	reserve bool
 
-	mu     sync.Mutex
-	idle   []idleConn
-	ids    map[*sql.Conn]int64 // SessionID's answers, for connections out of the pool
-	timer  *time.Timer
-	closed bool
-	sweeps sync.WaitGroup
+	mu       sync.Mutex
+	idle     []idleConn
+	ids      map[*sql.Conn]int64 // session ids, of connections handed out or kept
+	reserved int                 // Reserve calls not yet followed by PutKept or Unreserve
+	// The last two times a session was taken: a Pool is busy when they are close.
+	lastGet, prevGet time.Time
+	timer            *time.Timer
+	closed           bool
+	sweeps           sync.WaitGroup
 }
 
 type idleConn struct {
@@ -83,28 +98,47 @@ func New(db *sql.DB, d sqllock.Dialect, ttl time.Duration, log *slog.Logger) *Po
 	return p
 }
 
+// NewKeeping returns a Pool of db whose sessions the strategy configures in its own
+// statements, and which keeps sessions for reuse with their settings left on them
+// (Reserve, PutKept): reset is the statement that puts the settings back before a
+// kept session returns to the application's pool.
+func NewKeeping(db *sql.DB, d sqllock.Dialect, ttl time.Duration, log *slog.Logger, reset string) *Pool {
+	p := New(db, d, ttl, log)
+	p.reset, p.reserve = reset, true
+	return p
+}
+
 // Get returns a connection whose session carries the bound: a kept one, or a new one
 // from the pool, configured.
 func (p *Pool) Get(ctx context.Context) (*sql.Conn, error) {
+	conn, _, err := p.GetSession(ctx)
+	return conn, err
+}
+
+// GetSession is Get, and also returns the session's id if the Pool knows it (see
+// SessionID), or 0.
+func (p *Pool) GetSession(ctx context.Context) (*sql.Conn, int64, error) {
 	p.mu.Lock()
+	p.prevGet, p.lastGet = p.lastGet, time.Now()
 	if n := len(p.idle); n > 0 {
-		c := p.idle[n-1].conn // the most recently used: its session is the warmest
+		c := p.idle[n-1] // the most recently used: its session is the warmest
 		p.idle = p.idle[:n-1]
+		sid := p.ids[c.conn]
 		p.mu.Unlock()
-		return c, nil
+		return c.conn, sid, nil
 	}
 	p.mu.Unlock()
 	conn, err := p.db.Conn(ctx)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	if p.setup != "" {
 		if _, err := conn.ExecContext(ctx, p.setup); err != nil {
 			interrupt.Release(conn, true)
-			return nil, err
+			return nil, 0, err
 		}
 	}
-	return conn, nil
+	return conn, 0, nil
 }
 
 // SessionID returns the server's id of conn's session (CONNECTION_ID() on MySQL,
@@ -126,16 +160,24 @@ func (p *Pool) SessionID(ctx context.Context, conn *sql.Conn) (int64, error) {
 	if err := conn.QueryRowContext(ctx, q).Scan(&id); err != nil {
 		return 0, err
 	}
+	p.record(conn, id)
+	return id, nil
+}
+
+// record remembers sid as conn's session id (0: nothing to remember).
+func (p *Pool) record(conn *sql.Conn, sid int64) {
+	if sid == 0 {
+		return
+	}
 	p.mu.Lock()
 	if p.ids == nil {
 		p.ids = make(map[*sql.Conn]int64)
 	}
-	p.ids[conn] = id
+	p.ids[conn] = sid
 	p.mu.Unlock()
-	return id, nil
 }
 
-// forget drops what SessionID remembers of conn, which leaves the Pool.
+// forget drops what the Pool remembers of conn, which leaves it.
 func (p *Pool) forget(conn *sql.Conn) {
 	p.mu.Lock()
 	delete(p.ids, conn)
@@ -144,23 +186,72 @@ func (p *Pool) forget(conn *sql.Conn) {
 
 // Put takes back a connection whose session is healthy and holds no lock: it is kept
 // for reuse, or its settings are put back and it returns to the application's pool.
-func (p *Pool) Put(conn *sql.Conn) {
+func (p *Pool) Put(conn *sql.Conn) { p.PutSession(conn, 0) }
+
+// PutSession is Put of a connection whose server session id is sid (0: unknown),
+// which the Pool remembers while it keeps the connection (see SessionID).
+func (p *Pool) PutSession(conn *sql.Conn, sid int64) {
 	if p.setup == "" {
 		p.forget(conn)
 		conn.Close()
 		return
 	}
+	p.record(conn, sid)
 	p.mu.Lock()
-	if !p.closed && len(p.idle) < MaxIdle && p.roomy() {
-		p.idle = append(p.idle, idleConn{conn: conn, since: time.Now()})
-		if p.timer == nil {
-			p.arm(p.keepIdle)
-		}
+	if !p.closed && len(p.idle)+p.reserved < MaxIdle && p.roomy() {
+		p.keepLocked(conn)
 		p.mu.Unlock()
 		return
 	}
 	p.mu.Unlock()
 	p.restore(conn)
+}
+
+// Reserve reports whether a session given back now (PutKept) will be kept for reuse
+// with the settings its strategy left on it: the Pool was made by NewKeeping, is
+// busy and has room. After true the caller must call PutKept or Unreserve once.
+func (p *Pool) Reserve() bool {
+	if !p.reserve {
+		return false
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed || len(p.idle)+p.reserved >= MaxIdle || !p.roomy() ||
+		p.prevGet.IsZero() || p.lastGet.Sub(p.prevGet) >= p.keepIdle {
+		return false
+	}
+	p.reserved++
+	return true
+}
+
+// Unreserve gives up a reservation whose session was not given back (discarded).
+func (p *Pool) Unreserve() {
+	p.mu.Lock()
+	p.reserved--
+	p.mu.Unlock()
+}
+
+// PutKept gives back, after Reserve, a healthy session that holds no lock and still
+// carries its strategy's settings; sid is its session id (see GetSession).
+func (p *Pool) PutKept(conn *sql.Conn, sid int64) {
+	p.record(conn, sid)
+	p.mu.Lock()
+	p.reserved--
+	if !p.closed {
+		p.keepLocked(conn)
+		p.mu.Unlock()
+		return
+	}
+	p.mu.Unlock()
+	p.restore(conn)
+}
+
+// keepLocked keeps conn for reuse. Call with mu held.
+func (p *Pool) keepLocked(conn *sql.Conn) {
+	p.idle = append(p.idle, idleConn{conn: conn, since: time.Now()})
+	if p.timer == nil {
+		p.arm(p.keepIdle)
+	}
 }
 
 // roomy reports whether the application's pool has room to spare (or no limit), so

@@ -1,0 +1,2 @@
+DROP TABLE IF EXISTS sqllock_run;
+DROP TABLE IF EXISTS sqllock_epoch;
