@@ -266,7 +266,8 @@ func TestStrategiesAreIndependent(t *testing.T) {
 var privileges = map[string]map[sqllock.Dialect][]string{
 	"uniqueindex": {
 		sqllock.Postgres: {"SELECT, INSERT, UPDATE, DELETE ON sqllock_lease", "SELECT, INSERT, UPDATE ON sqllock_fence"},
-		sqllock.MySQL:    {"SELECT, INSERT, UPDATE, DELETE ON sqllock_lease", "SELECT, INSERT, UPDATE ON sqllock_fence"},
+		// MySQL keeps lease rows (released in place) and only reads the counters.
+		sqllock.MySQL: {"SELECT, INSERT, UPDATE ON sqllock_lease", "SELECT ON sqllock_fence"},
 	},
 	"forupdate": {
 		sqllock.Postgres: {"SELECT, INSERT, UPDATE ON sqllock_rowlock", "USAGE ON SEQUENCE sqllock_rowlock_token_seq",

@@ -2,6 +2,7 @@ package testdb
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"strings"
 	"testing"
@@ -47,4 +48,36 @@ func Rebind(d sqllock.Dialect, q string) string {
 		b.WriteRune(r)
 	}
 	return b.String()
+}
+
+// RowMaps reads every row of rows into a map by lower-case column name, for
+// statements whose columns vary by server (EXPLAIN, SHOW PROCESSLIST). It closes
+// rows.
+func RowMaps(t testing.TB, rows *sql.Rows) []map[string]sql.NullString {
+	t.Helper()
+	defer rows.Close()
+	cols, err := rows.Columns()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []map[string]sql.NullString
+	for rows.Next() {
+		vals := make([]sql.NullString, len(cols))
+		ptrs := make([]any, len(cols))
+		for i := range vals {
+			ptrs[i] = &vals[i]
+		}
+		if err := rows.Scan(ptrs...); err != nil {
+			t.Fatal(err)
+		}
+		m := make(map[string]sql.NullString, len(cols))
+		for i, c := range cols {
+			m[strings.ToLower(c)] = vals[i]
+		}
+		out = append(out, m)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
 }

@@ -129,28 +129,9 @@ func userLockWaits(t *testing.T, ctx context.Context, admin *sql.DB, text string
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer rows.Close()
-	cols, _ := rows.Columns()
 	n := 0
-	for rows.Next() {
-		vals := make([]sql.NullString, len(cols))
-		ptrs := make([]any, len(cols))
-		for i := range vals {
-			ptrs[i] = &vals[i]
-		}
-		if err := rows.Scan(ptrs...); err != nil {
-			t.Fatal(err)
-		}
-		var state, info string
-		for i, c := range cols {
-			switch strings.ToLower(c) {
-			case "state":
-				state = strings.ToLower(vals[i].String)
-			case "info":
-				info = strings.ToLower(vals[i].String)
-			}
-		}
-		if strings.Contains(state, "user lock") && strings.Contains(info, text) {
+	for _, p := range testdb.RowMaps(t, rows) {
+		if strings.Contains(strings.ToLower(p["state"].String), "user lock") && strings.Contains(strings.ToLower(p["info"].String), text) {
 			n++
 		}
 	}

@@ -145,29 +145,16 @@ func explainDeletePrimary(t *testing.T, db *sql.DB, names []string) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		cols, _ := rows.Columns()
-		for rows.Next() {
-			vals := make([]sql.NullString, len(cols))
-			ptrs := make([]any, len(cols))
-			for i := range vals {
-				ptrs[i] = &vals[i]
-			}
-			if err := rows.Scan(ptrs...); err != nil {
-				t.Fatal(err)
-			}
+		for _, row := range testdb.RowMaps(t, rows) {
 			plan := map[string]string{}
 			var desc []string
-			for i, c := range cols {
-				plan[c] = vals[i].String
-				desc = append(desc, fmt.Sprintf("%s=%s", c, vals[i].String))
+			for c, v := range row {
+				plan[c] = v.String
+				desc = append(desc, fmt.Sprintf("%s=%s", c, v.String))
 			}
 			if plan["type"] == "ALL" || plan["type"] == "index" || (plan["key"] != "" && plan["key"] != "PRIMARY") {
 				t.Errorf("sweep DELETE with %d keys is not a primary key access: %s", k, strings.Join(desc, " "))
 			}
 		}
-		if err := rows.Err(); err != nil {
-			t.Fatal(err)
-		}
-		rows.Close()
 	}
 }

@@ -5,11 +5,11 @@ import (
 	"crypto/sha256"
 	"database/sql"
 	"encoding/hex"
+	"slices"
 	"strconv"
 	"strings"
 
 	"github.com/sqllock/sqllock"
-	"github.com/sqllock/sqllock/internal/namekey"
 	"github.com/sqllock/sqllock/internal/wait"
 )
 
@@ -25,36 +25,38 @@ type lineRec struct {
 	p             Party
 }
 
-// lineTargets returns, for the candidate names (see candidateNames), the server's
-// identifier of each line (PostgreSQL: its advisory key as text; MySQL: its GET_LOCK
-// name) with the strategy and hex lock key it belongs to.
-func lineTargets(ctx context.Context, db *sql.DB, d sqllock.Dialect, o statusOpts) (map[string][2]string, error) {
-	cands, err := candidateNames(ctx, db, o)
-	if err != nil {
-		return nil, err
-	}
+// lineTargets returns, for the locks of the line strategies in snap (their lines
+// matter while they are held), the server's identifier of each line (PostgreSQL: its
+// advisory key as text; MySQL: its GET_LOCK name) with the strategy and hex lock key
+// it belongs to.
+func lineTargets(ctx context.Context, db *sql.DB, d sqllock.Dialect, snap *snapshot) (map[string][2]string, error) {
 	out := map[string][2]string{}
+	var keys [][]byte
+	var spaces []string
+	for _, l := range snap.Locks {
+		if !slices.Contains(wait.LineSpaces, l.Strategy) {
+			continue
+		}
+		k, err := hex.DecodeString(l.Key)
+		if err != nil {
+			continue
+		}
+		keys, spaces = append(keys, k), append(spaces, l.Strategy)
+	}
+	if len(keys) == 0 {
+		return out, nil
+	}
 	if d == sqllock.MySQL {
 		// MyLineName, computed here: one round trip for the database's name.
-		var dbName sql.NullString
-		if err := db.QueryRowContext(ctx, "SELECT DATABASE()").Scan(&dbName); err != nil {
-			return nil, err
-		}
-		for _, n := range cands {
-			k := namekey.Key(n)
-			for _, sp := range wait.LineSpaces {
-				h := sha256.Sum256([]byte(dbName.String + ":" + sp + ":" + strings.ToUpper(hex.EncodeToString(k))))
-				out[wait.MyLinePrefix+hex.EncodeToString(h[:])[:54]] = [2]string{sp, keyHex(k)}
-			}
+		db := dbNameOf(ctx, db)
+		for i, k := range keys {
+			h := sha256.Sum256([]byte(db + ":" + spaces[i] + ":" + strings.ToUpper(hex.EncodeToString(k))))
+			out[wait.MyLinePrefix+hex.EncodeToString(h[:])[:54]] = [2]string{spaces[i], keyHex(k)}
 		}
 		return out, nil
 	}
-	keys := make([][]byte, len(cands))
-	for i, n := range cands {
-		keys[i] = namekey.Key(n)
-	}
-	rows, err := db.QueryContext(ctx, "SELECT s, k, ("+wait.PgLineKeyOf("s", "k")+")::text FROM unnest($1::bytea[]) k, unnest($2::text[]) s",
-		keys, wait.LineSpaces)
+	rows, err := db.QueryContext(ctx, "SELECT s, k, ("+wait.PgLineKeyOf("s", "k")+")::text FROM unnest($1::bytea[], $2::text[]) AS t(k, s)",
+		keys, spaces)
 	if err != nil {
 		return nil, err
 	}
@@ -107,7 +109,7 @@ func partySession(p Party) string {
 
 // routeLines takes the sessions of MySQL GET_LOCK names that are lines
 // (wait.MyLinePrefix) out of recs and files them under their locks (attachLines).
-func routeLines[R any](ctx context.Context, db *sql.DB, snap *snapshot, o statusOpts, recs []R, f func(R) (name string, waiting bool, p Party)) ([]R, error) {
+func routeLines[R any](ctx context.Context, db *sql.DB, snap *snapshot, recs []R, f func(R) (name string, waiting bool, p Party)) ([]R, error) {
 	var targets map[string][2]string
 	var lines []lineRec
 	kept := recs[:0]
@@ -119,7 +121,7 @@ func routeLines[R any](ctx context.Context, db *sql.DB, snap *snapshot, o status
 		}
 		if targets == nil {
 			var err error
-			if targets, err = lineTargets(ctx, db, sqllock.MySQL, o); err != nil {
+			if targets, err = lineTargets(ctx, db, sqllock.MySQL, snap); err != nil {
 				return nil, err
 			}
 		}

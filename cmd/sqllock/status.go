@@ -495,7 +495,7 @@ ORDER BY l.classid, l.objid, l.objsubid, l.granted DESC, a.state_change, a.pid`)
 	}
 	// The server-side lines of uniqueindex and optimistic are not advisory locks of
 	// the advisory strategy: filed under their locks.
-	targets, err := lineTargets(ctx, db, sqllock.Postgres, o)
+	targets, err := lineTargets(ctx, db, sqllock.Postgres, snap)
 	if err != nil {
 		return err
 	}
@@ -882,7 +882,7 @@ ORDER BY m.OBJECT_NAME, m.LOCK_STATUS = 'GRANTED' DESC, m.OWNER_EVENT_ID`)
 			return err
 		}
 		rows.Close()
-		if recs, err = routeLines(ctx, db, snap, o, recs, func(r rec) (string, bool, Party) { return r.lockName, r.waiting, r.p }); err != nil {
+		if recs, err = routeLines(ctx, db, snap, recs, func(r rec) (string, bool, Party) { return r.lockName, r.waiting, r.p }); err != nil {
 			return err
 		}
 		if len(recs) > 0 {
@@ -902,7 +902,7 @@ ORDER BY m.OBJECT_NAME, m.LOCK_STATUS = 'GRANTED' DESC, m.OWNER_EVENT_ID`)
 		for ln := range lookup {
 			cands[ln] = true
 		}
-		targets, err := lineTargets(ctx, db, sqllock.MySQL, o)
+		targets, err := lineTargets(ctx, db, sqllock.MySQL, snap)
 		if err != nil {
 			return err
 		}
@@ -988,7 +988,7 @@ WHERE LOCK_TYPE = 'User lock' AND TABLE_SCHEMA LIKE 'sqllock:%'`)
 	// Holders first, then waiters.
 	sort.SliceStable(recs, func(i, j int) bool { return !recs[i].waiting && recs[j].waiting })
 	if s.mariaDB || !s.perfSchema { // (performance_schema's records were routed as read)
-		if recs, err = routeLines(ctx, db, snap, o, recs, func(r rec) (string, bool, Party) { return r.lockName, r.waiting, r.p }); err != nil {
+		if recs, err = routeLines(ctx, db, snap, recs, func(r rec) (string, bool, Party) { return r.lockName, r.waiting, r.p }); err != nil {
 			return err
 		}
 	}
