@@ -53,8 +53,7 @@ type client interface {
 // optimistic) sleep between attempts, with ±50 % jitter. Set by -poll.
 var rawPoll = time.Millisecond
 
-// peerCells returns the cells of the peer libraries for d; peers.go sets it when
-// built with -tags peers.
+// peerCells returns the cells of the peer libraries for d; peers.go sets it.
 var peerCells func(d sqllock.Dialect) []cell
 
 // cellsFor returns the cells of dialect d in the order of the table.

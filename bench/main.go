@@ -1,5 +1,5 @@
 // Command bench compares the lock strategies of sqllock with hand-written SQL, the
-// SELECT 1 floor and (built with -tags peers) the peer libraries, on PostgreSQL and
+// SELECT 1 floor and the peer libraries, on PostgreSQL and
 // MySQL/MariaDB, and prints the results as markdown tables:
 //
 //	cd bench && go run . -postgres "$PG_DSN" -mysql "$MY_DSN" -duration 5s -rounds 3 > results.md

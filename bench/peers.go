@@ -4,22 +4,15 @@ package main
 // lib/pq, the driver it checks for, and over pgx through UnsafeNew) and
 // github.com/sanketplus/go-mysql-lock on MySQL.
 //
-// NOT BUILT BY DEFAULT, AND NEVER COMPILED YET: when this module was written the Go
-// module proxy answered 403 "This module version is not available" for both modules
-// and direct fetches had no network, so they are not in go.mod. To run them:
-//
-//	cd bench
-//	go get cirello.io/pglock github.com/sanketplus/go-mysql-lock github.com/lib/pq
-//	go run -tags peers . -postgres "$PG_DSN" -mysql "$MY_DSN" ...
-//
-// Until then `go mod tidy` stops at this file's imports: use `go mod tidy -e`.
+// They are in the default build, at the versions the Go module proxy served when
+// they were added (pglock v1.16.1, go-mysql-lock v0.0.7; @latest was refused).
 //
 // The code follows the libraries' published APIs (pglock: New, UnsafeNew,
 // TryCreateTable, AcquireContext, ReleaseContext; go-mysql-lock: NewMysqlLocker,
-// ObtainContext, ObtainTimeoutContext, Lock.Release) and may need small fixes once it
-// can be compiled. Both are used with their default options: pglock's default lease
-// (20 s) is also how long a client that finds the lock taken waits before it tries
-// again, which dominates its contended figures.
+// ObtainContext, ObtainTimeoutContext, Lock.Release). Both are used with their
+// default options: pglock's default lease (20 s) is also how long a client that
+// finds the lock taken waits before it tries again, which dominates its contended
+// figures.
 
 import (
 	"context"
