@@ -39,13 +39,7 @@ func TestStatementsPerAcquisition(t *testing.T) {
 				l := newLocker(t, testdb.OpenCounting(t, d, &sent), d, opts...)
 				cycle := func(l *advisory.Locker, try bool) {
 					t.Helper()
-					var le sqllock.Lease
-					var err error
-					if try {
-						le, err = l.TryAcquire(ctx, name)
-					} else {
-						le, err = l.Acquire(ctx, name)
-					}
+					le, err := acquire(ctx, l, name, try)
 					if err != nil {
 						t.Error(err)
 						return

@@ -78,16 +78,7 @@ func TestEpochTokens(t *testing.T) {
 		t.Fatal(err)
 	}
 	draw(2)
-	// WithoutToken draws nothing.
-	lw := newLocker(t, db, d, advisory.WithoutToken())
-	le, err := lw.Acquire(ctx, name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer le.Release(ctx)
-	if le.Token() != 0 {
-		t.Fatalf("WithoutToken: token %d", le.Token())
-	}
+	checkWithoutToken(ctx, t, db, d, name)
 }
 
 // TestTokensAcrossCrash: a token drawn by a lease held while the server is killed
@@ -130,13 +121,7 @@ func TestEpochTokensMySQL(t *testing.T) {
 	draw := func(wantEpoch int64) {
 		t.Helper()
 		for _, try := range []bool{false, true, false} {
-			var le sqllock.Lease
-			var err error
-			if try {
-				le, err = l.TryAcquire(ctx, name)
-			} else {
-				le, err = l.Acquire(ctx, name)
-			}
+			le, err := acquire(ctx, l, name, try)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -204,16 +189,7 @@ func TestEpochTokensMySQL(t *testing.T) {
 	if err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM sqllock_epoch").Scan(&n); err != nil || n != 5 {
 		t.Fatalf("sqllock_epoch: %d rows (%v), want 5: one per new run and the other node's", n, err)
 	}
-	// WithoutToken draws nothing.
-	lw := newLocker(t, db, d, advisory.WithoutToken())
-	le, err := lw.Acquire(ctx, name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer le.Release(ctx)
-	if le.Token() != 0 {
-		t.Fatalf("WithoutToken: token %d", le.Token())
-	}
+	checkWithoutToken(ctx, t, db, d, name)
 }
 
 // TestEpochRecordedUnderContentionMySQL: the first draw of a server run records the
@@ -279,4 +255,26 @@ func TestEpochRecordedUnderContentionMySQL(t *testing.T) {
 	if took := time.Since(start); took > 10*time.Second {
 		t.Fatalf("%d waiters took %v to get the lock in turn", waiters, took)
 	}
+}
+
+// checkWithoutToken: a WithoutToken Locker's lease of name has token 0 (it draws
+// nothing).
+func checkWithoutToken(ctx context.Context, t *testing.T, db *sql.DB, d sqllock.Dialect, name string) {
+	t.Helper()
+	le, err := newLocker(t, db, d, advisory.WithoutToken()).Acquire(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer le.Release(ctx)
+	if le.Token() != 0 {
+		t.Fatalf("WithoutToken: token %d", le.Token())
+	}
+}
+
+// acquire is l.TryAcquire if try, else l.Acquire.
+func acquire(ctx context.Context, l *advisory.Locker, name string, try bool) (sqllock.Lease, error) {
+	if try {
+		return l.TryAcquire(ctx, name)
+	}
+	return l.Acquire(ctx, name)
 }
