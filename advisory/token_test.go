@@ -10,7 +10,6 @@ import (
 	"github.com/sqllock/sqllock"
 	"github.com/sqllock/sqllock/advisory"
 	"github.com/sqllock/sqllock/locktest"
-	"github.com/sqllock/sqllock/migrations"
 	"github.com/sqllock/sqllock/testdb"
 )
 
@@ -27,10 +26,7 @@ func epochOf(tok int64) int64 { return tok >> 44 }
 func TestEpochTokens(t *testing.T) {
 	d := sqllock.Postgres
 	ctx := testdb.Context(t, time.Minute)
-	db := testdb.OpenIsolated(t, d)
-	if err := migrations.Up(ctx, db, d); err != nil {
-		t.Fatal(err)
-	}
+	db := testdb.OpenIsolatedMigrated(ctx, t, d)
 	l := newLocker(t, db, d)
 	name := testdb.Name(t)
 	var last int64
@@ -103,10 +99,7 @@ func TestTokensAcrossCrash(t *testing.T) {
 func TestEpochTokensMySQL(t *testing.T) {
 	d := sqllock.MySQL
 	ctx := testdb.Context(t, time.Minute)
-	db := testdb.OpenIsolated(t, d)
-	if err := migrations.Up(ctx, db, d); err != nil {
-		t.Fatal(err)
-	}
+	db := testdb.OpenIsolatedMigrated(ctx, t, d)
 	l := newLocker(t, db, d)
 	other := newLocker(t, db, d)
 	name := testdb.Name(t)

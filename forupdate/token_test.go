@@ -11,7 +11,6 @@ import (
 	"github.com/sqllock/sqllock"
 	"github.com/sqllock/sqllock/forupdate"
 	"github.com/sqllock/sqllock/locktest"
-	"github.com/sqllock/sqllock/migrations"
 	"github.com/sqllock/sqllock/testdb"
 )
 
@@ -229,10 +228,7 @@ func TestTokensDrawnOnceGranted(t *testing.T) {
 func TestEpochTokensFallback(t *testing.T) {
 	d := sqllock.Postgres
 	ctx := testdb.Context(t, time.Minute)
-	db := testdb.OpenIsolated(t, d)
-	if err := migrations.Up(ctx, db, d); err != nil {
-		t.Fatal(err)
-	}
+	db := testdb.OpenIsolatedMigrated(ctx, t, d)
 	l := newLocker(t, db, d)
 	name := testdb.Name(t)
 	noDeadline, cancel := context.WithCancel(context.WithoutCancel(ctx))

@@ -10,7 +10,6 @@ import (
 
 	"github.com/sqllock/sqllock"
 	"github.com/sqllock/sqllock/internal/fence"
-	"github.com/sqllock/sqllock/migrations"
 	"github.com/sqllock/sqllock/testdb"
 )
 
@@ -89,10 +88,7 @@ func concurrentFirstUse(t *testing.T, run fence.MySQLRun) {
 	const d = sqllock.MySQL
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	db := testdb.OpenIsolated(t, d)
-	if err := migrations.Up(ctx, db, d); err != nil {
-		t.Fatal(err)
-	}
+	db := testdb.OpenIsolatedMigrated(ctx, t, d)
 	const sessions, each = 16, 10
 	toks := make(chan int64, sessions*each)
 	var wg sync.WaitGroup

@@ -46,8 +46,8 @@ type Line struct {
 	wait    time.Duration // longest wait of one entry
 
 	mu     sync.Mutex
-	seen   map[string]time.Time // key -> when contention was last seen
-	stale  map[string]time.Time // key -> line not used until
+	seen   expiring // keys seen contended, until contendedFor after
+	stale  expiring // keys whose line is not used, until staleFor after
 	out    int
 	closed bool
 	off    bool // the line lock did not stay with its session: never used again
@@ -81,7 +81,7 @@ func NewLine(db *sql.DB, d sqllock.Dialect, space string, ttl, poll time.Duratio
 	return &Line{
 		db: db, dialect: d, space: space, pins: pin.New(db, d, ttl, log), log: log, max: n,
 		wait: max(poll, ttl),
-		seen: map[string]time.Time{}, stale: map[string]time.Time{},
+		seen: expiring{}, stale: expiring{},
 	}
 }
 
@@ -98,8 +98,8 @@ func (ln *Line) Close() {
 func (ln *Line) Contended(key string) bool {
 	ln.mu.Lock()
 	defer ln.mu.Unlock()
-	at, ok := ln.seen[key]
-	return ok && time.Since(at) < contendedFor && !ln.staleLocked(key)
+	now := time.Now()
+	return ln.seen.live(key, now) && !ln.stale.live(key, now)
 }
 
 // Saw records that key is contended (an attempt found it held, a waiter waited in
@@ -107,22 +107,30 @@ func (ln *Line) Contended(key string) bool {
 func (ln *Line) Saw(key string) {
 	ln.mu.Lock()
 	defer ln.mu.Unlock()
-	now := time.Now()
-	if len(ln.seen) >= 4096 {
-		for k, at := range ln.seen {
-			if now.Sub(at) >= contendedFor {
-				delete(ln.seen, k)
+	ln.seen.set(key, time.Now(), contendedFor)
+}
+
+// expiring is a set of keys, each until a time of its own, bounded: a full set
+// drops its expired keys before it takes another.
+type expiring map[string]time.Time
+
+// set puts key in the set for d from now.
+func (m expiring) set(key string, now time.Time, d time.Duration) {
+	if len(m) >= 4096 {
+		for k, until := range m {
+			if !now.Before(until) {
+				delete(m, k)
 			}
 		}
 	}
-	ln.seen[key] = now
+	m[key] = now.Add(d)
 }
 
-// staleLocked reports whether the line of key is not to be used. Call with mu held.
-func (ln *Line) staleLocked(key string) bool {
-	until, ok := ln.stale[key]
-	if ok && time.Now().After(until) {
-		delete(ln.stale, key)
+// live reports whether key is in the set at now (and drops it if it expired).
+func (m expiring) live(key string, now time.Time) bool {
+	until, ok := m[key]
+	if ok && !now.Before(until) {
+		delete(m, key)
 		return false
 	}
 	return ok
@@ -132,7 +140,7 @@ func (ln *Line) staleLocked(key string) bool {
 func (ln *Line) Stale(key string) bool {
 	ln.mu.Lock()
 	defer ln.mu.Unlock()
-	return ln.staleLocked(key)
+	return ln.stale.live(key, time.Now())
 }
 
 // MarkStale stops the use of the line of key for a while: an entry's wait ran out,
@@ -142,15 +150,7 @@ func (ln *Line) Stale(key string) bool {
 func (ln *Line) MarkStale(key string) {
 	ln.mu.Lock()
 	defer ln.mu.Unlock()
-	now := time.Now()
-	if len(ln.stale) >= 4096 {
-		for k, until := range ln.stale {
-			if now.After(until) {
-				delete(ln.stale, k)
-			}
-		}
-	}
-	ln.stale[key] = now.Add(staleFor)
+	ln.stale.set(key, time.Now(), staleFor)
 	delete(ln.seen, key)
 	ln.log.Debug("sqllock/"+ln.space+": the line lock of a key is held by a session that does not hold the lease; waiting without the line for a while", "for", staleFor)
 }
@@ -160,7 +160,7 @@ func (ln *Line) MarkStale(key string) {
 // no session could be had.
 func (ln *Line) Take(ctx context.Context, key []byte) *Turn {
 	ln.mu.Lock()
-	if ln.closed || ln.off || ln.out >= ln.max || ln.staleLocked(string(key)) {
+	if ln.closed || ln.off || ln.out >= ln.max || ln.stale.live(string(key), time.Now()) {
 		ln.mu.Unlock()
 		return nil
 	}
