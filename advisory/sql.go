@@ -331,14 +331,7 @@ func (l *Locker) myWait(ctx context.Context, conn *sql.Conn, sid int64, id lockI
 // (see internal/interrupt), and the session stays usable; broken reports that no
 // connection was free and the waiter's connection was closed instead.
 func (l *Locker) myWaitOnce(ctx context.Context, conn *sql.Conn, sid int64, q string) (got, free sql.NullInt64, interrupted, broken bool, err error) {
-	kill := "KILL QUERY " + strconv.FormatInt(sid, 10)
-	broken, err = l.interrupter().Run(ctx, interrupt.Target{
-		Kill: func(kctx context.Context, kc *sql.Conn) error {
-			_, err := kc.ExecContext(kctx, kill)
-			return err
-		},
-		Label: q,
-	}, false, func(qctx context.Context) error {
+	broken, err = l.interrupter().Run(ctx, interrupt.Target{Kill: interrupt.KillQuery(sid), Label: q}, false, func(qctx context.Context) error {
 		return conn.QueryRowContext(qctx, q).Scan(&free, &got)
 	})
 	return got, free, ctx.Err() != nil, broken, err

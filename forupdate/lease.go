@@ -12,6 +12,7 @@ import (
 
 	"github.com/sqllock/sqllock"
 	"github.com/sqllock/sqllock/internal/lease"
+	"github.com/sqllock/sqllock/internal/namekey"
 	"github.com/sqllock/sqllock/internal/pin"
 	"github.com/sqllock/sqllock/internal/sqlerr"
 )
@@ -245,7 +246,7 @@ func (s *Lease) myKeepAlive(ctx context.Context) (time.Duration, error) {
 		uptime  sql.NullInt64
 		token   sql.NullInt64
 	)
-	q := fmt.Sprintf(s.l.myStmts(ctx).activity, hexLit(s.key), s.session)
+	q := fmt.Sprintf(s.l.myStmts(ctx).activity, namekey.MySQLHex(s.key), s.session)
 	err := s.l.db.QueryRowContext(ctx, q).Scan(&command, &secs, &state, &uptime, &token)
 	if errors.Is(err, sql.ErrNoRows) {
 		return 0, lease.Gonef("session %d ended", s.session)

@@ -16,6 +16,7 @@ import (
 	"github.com/sqllock/sqllock"
 	"github.com/sqllock/sqllock/internal/fence"
 	"github.com/sqllock/sqllock/internal/interrupt"
+	"github.com/sqllock/sqllock/internal/namekey"
 	"github.com/sqllock/sqllock/internal/pin"
 )
 
@@ -132,7 +133,7 @@ func myLocking(draw bool, marker string, key []byte, nowait bool) string {
 	if nowait {
 		tail = " NOWAIT"
 	}
-	return fmt.Sprintf(format, marker, hexLit(key), tail)
+	return fmt.Sprintf(format, marker, namekey.MySQLHex(key), tail)
 }
 
 // pgStatements are the PostgreSQL statements of a Locker's acquisitions: the
@@ -211,7 +212,7 @@ func newMyStatements(flavor int32) myStatements {
 // does not wait, returning its token and whether the session is in a transaction
 // (MariaDB; NULL on MySQL).
 func (m myStatements) stillOpen(key []byte) string {
-	return "SELECT token, " + m.inTx + " FROM sqllock_rowlock WHERE lock_key = " + hexLit(key) + " FOR UPDATE NOWAIT"
+	return "SELECT token, " + m.inTx + " FROM sqllock_rowlock WHERE lock_key = " + namekey.MySQLHex(key) + " FOR UPDATE NOWAIT"
 }
 
 // sending reports whether a MySQL processlist STATE says that the session is writing
@@ -221,12 +222,9 @@ func sending(state string) bool {
 	return strings.Contains(s, "to net") || strings.Contains(s, "sending to client")
 }
 
-// hexLit writes b as a MySQL hexadecimal literal. The statements that lock and bump a
-// row carry their key and name this way rather than as parameters: go-sql-driver
-// prepares, executes and closes every statement with parameters (unless the DSN sets
-// interpolateParams), two round trips instead of one.
-func hexLit(b []byte) string { return "X'" + hex.EncodeToString(b) + "'" }
-
+// placeholders is n "?" parameters, comma-separated. (The statements that lock and
+// bump a row carry their key and name as hex literals, namekey.MySQLHex, not
+// parameters.)
 func placeholders(n int) string {
 	return strings.TrimSuffix(strings.Repeat("?, ", n), ", ")
 }

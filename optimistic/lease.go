@@ -8,6 +8,7 @@ import (
 
 	"github.com/sqllock/sqllock"
 	"github.com/sqllock/sqllock/internal/lease"
+	"github.com/sqllock/sqllock/internal/namekey"
 	"github.com/sqllock/sqllock/internal/rowlease"
 	"github.com/sqllock/sqllock/internal/wait"
 )
@@ -127,7 +128,7 @@ func (le *Lease) release(ctx context.Context) (n, left int64, err error) {
 				t.Released(unlocked, inLine)
 				return nil
 			}
-			q := fmt.Sprintf(releaseLineMySQL, wait.MyKey(le.key), le.version, wait.MyKey(le.owner), l.b.Line.MyRelease(wait.MyKey(le.key)))
+			q := fmt.Sprintf(releaseLineMySQL, namekey.MySQLHex(le.key), le.version, namekey.MySQLHex(le.owner), l.b.Line.MyRelease(namekey.MySQLHex(le.key)))
 			r, err := conn.ExecContext(qctx, q)
 			if err != nil {
 				return err

@@ -407,8 +407,8 @@ func (a *attempt) enter(ctx context.Context, t *wait.Turn) (wait.Result, error) 
 			a.version, a.start, res.Acquired = v.Int64, start, true
 			return nil
 		}
-		q := fmt.Sprintf(acquireLineMySQL, wait.MyEnter(l.b.Line.MyName(wait.MyKey(a.key)), lineWait), wait.MyKey(a.key),
-			wait.MyKey(a.owner), us, wait.MyKey([]byte(l.b.Host)), l.b.PID)
+		q := fmt.Sprintf(acquireLineMySQL, wait.MyEnter(l.b.Line.MyName(namekey.MySQLHex(a.key)), lineWait), namekey.MySQLHex(a.key),
+			namekey.MySQLHex(a.owner), us, namekey.MySQLHex([]byte(l.b.Host)), l.b.PID)
 		r, err := conn.ExecContext(qctx, q)
 		if err != nil {
 			return err
@@ -429,7 +429,7 @@ func (a *attempt) enter(ctx context.Context, t *wait.Turn) (wait.Result, error) 
 		// Not taken: the wait ran out, or the row is held or missing. Whether the
 		// session holds the line lock tells the first from the others.
 		var mine sql.NullBool
-		if err := conn.QueryRowContext(qctx, "SELECT IS_USED_LOCK("+l.b.Line.MyName(wait.MyKey(a.key))+") = CONNECTION_ID()").Scan(&mine); err != nil {
+		if err := conn.QueryRowContext(qctx, "SELECT IS_USED_LOCK("+l.b.Line.MyName(namekey.MySQLHex(a.key))+") = CONNECTION_ID()").Scan(&mine); err != nil {
 			return err
 		}
 		res.Entered = mine.Valid && mine.Bool

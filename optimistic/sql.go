@@ -95,24 +95,15 @@ WHERE lock_key = ? AND version = ? AND owner = ? AND expires_at > UTC_TIMESTAMP(
 	// returns no row if the lease was not found, one if holds are left, two if the
 	// row was freed and three if someone waits in line (the caller reads the row
 	// count of an Exec).
-	releasePostgresFmt = `WITH u AS (
-  UPDATE sqllock_optimistic SET holds = GREATEST(holds - 1, 0),
-    owner = CASE WHEN holds <= 1 THEN ''::bytea ELSE owner END,
-    expires_at = CASE WHEN holds <= 1 THEN clock_timestamp() ELSE expires_at END
-  WHERE lock_key = $1 AND version = $2 AND owner = $3 AND ` + rowlease.AsyncRelease + `
-  RETURNING lock_key, holds, waiters
+	releasePostgresFmt = `WITH u AS (` + releaseUpdatePostgres + `  RETURNING lock_key, holds, waiters
 ), w AS (
   SELECT u.lock_key, u.holds, u.waiters, u.holds = 0 AND NOT pg_try_advisory_xact_lock_shared(` + "%[1]s" + `) AS in_line FROM u
 )
 SELECT CASE WHEN (w.in_line OR w.waiters) AND w.holds = 0 AND g = 1 THEN pg_notify('` + channel + `', encode(w.lock_key, 'hex')) END
 FROM w CROSS JOIN generate_series(1, CASE WHEN w.in_line THEN 3 WHEN w.holds = 0 THEN 2 ELSE 1 END) g`
-	// MySQL runs the assignments left to right: owner and expires_at read the holds
-	// before the update, which comes last. Its insert id is 2 * the holds left +
+	// releaseMySQLFmt: its insert id is 2 * the holds left +
 	// whether someone holds the key's line lock (%[1]s: its name, wait.Line.MyName).
-	releaseMySQLFmt = `UPDATE sqllock_optimistic SET
-  owner = IF(holds <= 1, '', owner),
-  expires_at = IF(holds <= 1, UTC_TIMESTAMP(6), expires_at),
-  holds = LAST_INSERT_ID(2 * GREATEST(holds - 1, 0) + (IS_USED_LOCK(%[1]s) IS NOT NULL)) DIV 2
+	releaseMySQLFmt = releaseUpdateMySQL + `  holds = LAST_INSERT_ID(2 * GREATEST(holds - 1, 0) + (IS_USED_LOCK(%[1]s) IS NOT NULL)) DIV 2
 WHERE lock_key = ? AND version = ? AND owner = ?`
 
 	// releaseLinePostgres is the release of a lease that came through the line, on
@@ -120,12 +111,7 @@ WHERE lock_key = ? AND version = ? AND owner = ?`
 	// session took the line lock (a waiter in line; wait.PgRelease gives it back
 	// first) or a waiter marked the row, and answers in one row: rows freed, then
 	// unlocked and in_line.
-	releaseLinePostgresFmt = `WITH u AS (
-  UPDATE sqllock_optimistic SET holds = GREATEST(holds - 1, 0),
-    owner = CASE WHEN holds <= 1 THEN ''::bytea ELSE owner END,
-    expires_at = CASE WHEN holds <= 1 THEN clock_timestamp() ELSE expires_at END
-  WHERE lock_key = $1 AND version = $2 AND owner = $3 AND ` + rowlease.AsyncRelease + `
-  RETURNING lock_key, waiters
+	releaseLinePostgresFmt = `WITH u AS (` + releaseUpdatePostgres + `  RETURNING lock_key, waiters
 ), r AS (
   SELECT c.n, c.w, ` + "%[1]s" + ` FROM (SELECT count(*) AS n, COALESCE(bool_or(waiters), false) AS w FROM u) c
 )
@@ -134,10 +120,7 @@ SELECT r.n, r.unlocked, r.in_line, CASE WHEN (r.in_line OR r.w) AND r.n > 0 THEN
 	// owner, %[4]s wait.Line.MyRelease): the line lock is given back in the
 	// assignment, once the row is locked, before it commits; the insert id is 8 *
 	// the holds left + MyRelease's value, or 0 if the lease's row was not found.
-	releaseLineMySQL = `UPDATE sqllock_optimistic SET
-  owner = IF(holds <= 1, '', owner),
-  expires_at = IF(holds <= 1, UTC_TIMESTAMP(6), expires_at),
-  holds = LAST_INSERT_ID(8 * GREATEST(holds - 1, 0) + %[4]s) DIV 8
+	releaseLineMySQL = releaseUpdateMySQL + `  holds = LAST_INSERT_ID(8 * GREATEST(holds - 1, 0) + %[4]s) DIV 8
 WHERE lock_key = %[1]s AND version = %[2]d AND owner = %[3]s`
 
 	// acquireLinePostgres is an attempt on a turn's session that first enters the
@@ -251,4 +234,22 @@ var (
 	releasePostgres     = fmt.Sprintf(releasePostgresFmt, wait.PgLineKey("optimistic", "$1"))
 	releaseLinePostgres = fmt.Sprintf(releaseLinePostgresFmt, wait.PgRelease(wait.PgLineKey("optimistic", "$1")))
 	acquireLinePostgres = fmt.Sprintf(acquireLinePostgresFmt, wait.PgEnter(wait.PgLineKey("optimistic", "$1"), "$7", "$9"), wait.PgBound("$8", "$9"))
+)
+
+// The update every release of both forms starts with (one hold less; the row freed
+// when none is left), on PostgreSQL ($1 key, $2 version, $3 owner; RETURNING follows)
+// and on MySQL (the holds assignment and the WHERE clause follow: MySQL runs the
+// assignments left to right, so owner and expires_at read the holds before the
+// update).
+const (
+	releaseUpdatePostgres = `
+  UPDATE sqllock_optimistic SET holds = GREATEST(holds - 1, 0),
+    owner = CASE WHEN holds <= 1 THEN ''::bytea ELSE owner END,
+    expires_at = CASE WHEN holds <= 1 THEN clock_timestamp() ELSE expires_at END
+  WHERE lock_key = $1 AND version = $2 AND owner = $3 AND ` + rowlease.AsyncRelease + `
+`
+	releaseUpdateMySQL = `UPDATE sqllock_optimistic SET
+  owner = IF(holds <= 1, '', owner),
+  expires_at = IF(holds <= 1, UTC_TIMESTAMP(6), expires_at),
+`
 )

@@ -8,6 +8,7 @@ import (
 
 	"github.com/sqllock/sqllock"
 	"github.com/sqllock/sqllock/internal/lease"
+	"github.com/sqllock/sqllock/internal/namekey"
 	"github.com/sqllock/sqllock/internal/rowlease"
 	"github.com/sqllock/sqllock/internal/wait"
 )
@@ -204,7 +205,7 @@ func (le *Lease) releaseInLine(ctx context.Context) (int64, error) {
 			}
 			return err
 		}
-		q := fmt.Sprintf(releaseLineMySQL, wait.MyKey(le.key), wait.MyKey(le.owner), le.token, le.l.b.Line.MyRelease(wait.MyKey(le.key)))
+		q := fmt.Sprintf(releaseLineMySQL, namekey.MySQLHex(le.key), namekey.MySQLHex(le.owner), le.token, le.l.b.Line.MyRelease(namekey.MySQLHex(le.key)))
 		res, err := conn.ExecContext(qctx, q)
 		if err != nil {
 			return err

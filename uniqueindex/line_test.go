@@ -13,7 +13,6 @@ import (
 	"github.com/sqllock/sqllock"
 	"github.com/sqllock/sqllock/internal/interrupt"
 	"github.com/sqllock/sqllock/internal/namekey"
-	"github.com/sqllock/sqllock/internal/wait"
 	"github.com/sqllock/sqllock/testdb"
 )
 
@@ -37,7 +36,7 @@ func holdLine(t *testing.T, l *Locker, name string) func() {
 	if l.b.Dialect == sqllock.Postgres {
 		_, err = conn.ExecContext(ctx, "SELECT pg_advisory_lock("+l.b.Line.PgKey("$1")+")", key)
 	} else {
-		err = conn.QueryRowContext(ctx, "SELECT GET_LOCK("+l.b.Line.MyName(wait.MyKey(key))+", 0)").Scan(&got)
+		err = conn.QueryRowContext(ctx, "SELECT GET_LOCK("+l.b.Line.MyName(namekey.MySQLHex(key))+", 0)").Scan(&got)
 		if err == nil && got.Int64 != 1 {
 			err = errors.New("GET_LOCK refused")
 		}
@@ -53,7 +52,7 @@ func holdLine(t *testing.T, l *Locker, name string) func() {
 		if l.b.Dialect == sqllock.Postgres {
 			_, err = conn.ExecContext(gctx, "SELECT pg_advisory_unlock("+l.b.Line.PgKey("$1")+")", key)
 		} else {
-			_, err = conn.ExecContext(gctx, "DO RELEASE_LOCK("+l.b.Line.MyName(wait.MyKey(key))+")")
+			_, err = conn.ExecContext(gctx, "DO RELEASE_LOCK("+l.b.Line.MyName(namekey.MySQLHex(key))+")")
 		}
 		if err != nil {
 			t.Error(err)
@@ -91,7 +90,7 @@ func lineFree(t *testing.T, l *Locker, admin *sql.DB, name string) bool {
 		return n == 0
 	}
 	var free sql.NullInt64
-	if err := admin.QueryRowContext(ctx, "SELECT IS_FREE_LOCK("+l.b.Line.MyName(wait.MyKey(key))+")").Scan(&free); err != nil {
+	if err := admin.QueryRowContext(ctx, "SELECT IS_FREE_LOCK("+l.b.Line.MyName(namekey.MySQLHex(key))+")").Scan(&free); err != nil {
 		t.Fatal(err)
 	}
 	return free.Valid && free.Int64 == 1

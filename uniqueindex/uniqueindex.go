@@ -448,30 +448,46 @@ func (l *Locker) attempt(ctx context.Context, t *wait.Turn, enter bool, key []by
 // (hexadecimal literals and numbers: nothing to quote), entering the line first if
 // enter is set.
 func (l *Locker) acquireText(enter bool, key []byte, name string, owner []byte, us int64, reentrant bool, lineWait time.Duration) string {
+	k, o, h := namekey.MySQLHex(key), namekey.MySQLHex(owner), namekey.MySQLHex([]byte(l.b.Host))
 	from := ""
 	if enter {
-		from = "\nFROM " + wait.MyEnter(l.b.Line.MyName(wait.MyKey(key)), lineWait) + " q"
+		from = "\nFROM " + wait.MyEnter(l.b.Line.MyName(k), lineWait) + " q"
 	}
-	k, o, h := wait.MyKey(key), wait.MyKey(owner), wait.MyKey([]byte(l.b.Host))
 	u, pid, re := strconv.FormatInt(us, 10), strconv.FormatInt(l.b.PID, 10), "FALSE"
 	if reentrant {
 		re = "TRUE"
 	}
-	vals := []string{k, wait.MyKey([]byte(name)), o, k, u, h, pid, o, h, pid, o, re, o, o, u}
-	correlate := ""
-	if enter {
-		correlate = " AND q.waited IS NOT NULL"
-	}
-	q := fmt.Sprintf(acquireMySQLFmt, from, freeMySQL, correlate)
+	vals := []string{k, namekey.MySQLHex([]byte(name)), o, k, u, h, pid, o, h, pid, o, re, o, o, u}
 	var b strings.Builder
-	for _, part := range strings.Split(q, "?") {
+	for i, part := range acquireTextParts[b2i(enter)] {
+		if i == acquireTextFrom {
+			b.WriteString(from)
+		}
 		b.WriteString(part)
-		if len(vals) > 0 {
-			b.WriteString(vals[0])
-			vals = vals[1:]
+		if i < len(vals) {
+			b.WriteString(vals[i])
 		}
 	}
 	return b.String()
+}
+
+// acquireTextParts is acquireMySQLFmt without and with the line's correlation, split
+// at its parameters, once: acquireText puts the values between the parts, and the
+// line's entry (%[1]s) before part acquireTextFrom.
+var acquireTextParts = [2][]string{
+	strings.Split(fmt.Sprintf(acquireMySQLFmt, "", freeMySQL, ""), "?"),
+	strings.Split(fmt.Sprintf(acquireMySQLFmt, "", freeMySQL, " AND q.waited IS NOT NULL"), "?"),
+}
+
+// acquireTextFrom is the part of acquireTextParts that follows the pid parameter,
+// after which acquireMySQLFmt has the entry (%[1]s).
+const acquireTextFrom = 7
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // forget deletes the row an attempt of owner may have committed without the caller

@@ -50,8 +50,7 @@ func lineTargets(ctx context.Context, db *sql.DB, d sqllock.Dialect, snap *snaps
 		// MyLineName, computed here: one round trip for the database's name.
 		db := dbNameOf(ctx, db)
 		for i, k := range keys {
-			h := sha256.Sum256([]byte(db + ":" + spaces[i] + ":" + strings.ToUpper(hex.EncodeToString(k))))
-			out[wait.MyLinePrefix+hex.EncodeToString(h[:])[:54]] = [2]string{spaces[i], keyHex(k)}
+			out[myLineName(db, spaces[i], hex.EncodeToString(k))] = [2]string{spaces[i], keyHex(k)}
 		}
 		return out, nil
 	}
@@ -109,8 +108,8 @@ func partySession(p Party) string {
 
 // routeLines takes the sessions of MySQL GET_LOCK names that are lines
 // (wait.MyLinePrefix) out of recs and files them under their locks (attachLines).
-func routeLines[R any](ctx context.Context, db *sql.DB, snap *snapshot, recs []R, f func(R) (name string, waiting bool, p Party)) ([]R, error) {
-	var targets map[string][2]string
+// targets is lineTargets' answer if the caller has it, or nil.
+func routeLines[R any](ctx context.Context, db *sql.DB, snap *snapshot, targets map[string][2]string, recs []R, f func(R) (name string, waiting bool, p Party)) ([]R, error) {
 	var lines []lineRec
 	kept := recs[:0]
 	for _, r := range recs {
@@ -133,6 +132,13 @@ func routeLines[R any](ctx context.Context, db *sql.DB, snap *snapshot, recs []R
 	}
 	attachLines(snap, lines)
 	return kept, nil
+}
+
+// myLineName is wait.MyLineNameOf computed here: the GET_LOCK name of the line of
+// strategy space for the key keyHex (hexadecimal) in database dbName.
+func myLineName(dbName, space, keyHex string) string {
+	h := sha256.Sum256([]byte(dbName + ":" + space + ":" + strings.ToUpper(keyHex)))
+	return wait.MyLinePrefix + hex.EncodeToString(h[:])[:54]
 }
 
 // dbNameOf returns the current database's name ("" if none or unknown).

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"crypto/sha256"
 	"database/sql"
 	"encoding/hex"
 	"fmt"
@@ -15,7 +14,6 @@ import (
 	"github.com/sqllock/sqllock"
 	"github.com/sqllock/sqllock/advisory"
 	"github.com/sqllock/sqllock/internal/sqlerr"
-	"github.com/sqllock/sqllock/internal/wait"
 )
 
 // Lock is one entry of `sqllock status --json`: a held lock (or, for uniqueindex and
@@ -859,6 +857,7 @@ func myAdvisoryLocks(ctx context.Context, db *sql.DB, s *sqlDialect, snap *snaps
 		}
 		return nil
 	}
+	var targets map[string][2]string // the lines of the held locks (lineTargets), once read
 	if !s.mariaDB && s.perfSchema {
 		rows, err := db.QueryContext(ctx, `SELECT m.OBJECT_NAME, m.LOCK_STATUS, `+myThreadCols+`
 FROM performance_schema.metadata_locks m JOIN performance_schema.threads t ON t.THREAD_ID = m.OWNER_THREAD_ID
@@ -882,7 +881,7 @@ ORDER BY m.OBJECT_NAME, m.LOCK_STATUS = 'GRANTED' DESC, m.OWNER_EVENT_ID`)
 			return err
 		}
 		rows.Close()
-		if recs, err = routeLines(ctx, db, snap, recs, func(r rec) (string, bool, Party) { return r.lockName, r.waiting, r.p }); err != nil {
+		if recs, err = routeLines(ctx, db, snap, nil, recs, func(r rec) (string, bool, Party) { return r.lockName, r.waiting, r.p }); err != nil {
 			return err
 		}
 		if len(recs) > 0 {
@@ -902,19 +901,21 @@ ORDER BY m.OBJECT_NAME, m.LOCK_STATUS = 'GRANTED' DESC, m.OWNER_EVENT_ID`)
 		for ln := range lookup {
 			cands[ln] = true
 		}
-		targets, err := lineTargets(ctx, db, sqllock.MySQL, snap)
-		if err != nil {
+		if targets, err = lineTargets(ctx, db, sqllock.MySQL, snap); err != nil {
 			return err
 		}
 		for ln := range targets { // the lines' holders, by IS_USED_LOCK below
 			cands[ln] = true
 		}
+		dbName := ""
 		for _, p := range list { // the lines' waiters
 			if m := lineRe.FindStringSubmatch(p.info.String); m != nil && strings.Contains(strings.ToLower(p.state.String), "user lock") {
 				w := p.party()
 				w.Since = ptr(time.Now().UTC().Add(-time.Duration(p.time) * time.Second))
-				h := sha256.Sum256([]byte(dbNameOf(ctx, db) + ":" + m[1] + ":" + strings.ToUpper(m[2])))
-				recs = append(recs, rec{lockName: wait.MyLinePrefix + hex.EncodeToString(h[:])[:54], waiting: true, p: w})
+				if dbName == "" {
+					dbName = dbNameOf(ctx, db)
+				}
+				recs = append(recs, rec{lockName: myLineName(dbName, m[1], m[2]), waiting: true, p: w})
 			}
 		}
 		// Waiters: sessions in a GET_LOCK that waits (the library's first attempt does not).
@@ -988,7 +989,7 @@ WHERE LOCK_TYPE = 'User lock' AND TABLE_SCHEMA LIKE 'sqllock:%'`)
 	// Holders first, then waiters.
 	sort.SliceStable(recs, func(i, j int) bool { return !recs[i].waiting && recs[j].waiting })
 	if s.mariaDB || !s.perfSchema { // (performance_schema's records were routed as read)
-		if recs, err = routeLines(ctx, db, snap, recs, func(r rec) (string, bool, Party) { return r.lockName, r.waiting, r.p }); err != nil {
+		if recs, err = routeLines(ctx, db, snap, targets, recs, func(r rec) (string, bool, Party) { return r.lockName, r.waiting, r.p }); err != nil {
 			return err
 		}
 	}

@@ -6,7 +6,6 @@ package fence
 import (
 	"context"
 	"database/sql"
-	"encoding/hex"
 	"errors"
 	"strconv"
 	"sync"
@@ -49,7 +48,7 @@ func Next(ctx context.Context, q Execer, d sqllock.Dialect, name string) (int64,
 	// Hex literals, not parameters: go-sql-driver would prepare, run and close a
 	// statement with parameters (two round trips and a third packet); a statement
 	// without any is one round trip, and hex digits cannot inject anything.
-	res, err := q.ExecContext(ctx, nextMySQLHead+"X'"+hex.EncodeToString(key)+"', X'"+hex.EncodeToString([]byte(name))+"'"+nextMySQLTail)
+	res, err := q.ExecContext(ctx, nextMySQLHead+namekey.MySQLHex(key)+", "+namekey.MySQLHex([]byte(name))+nextMySQLTail)
 	if err != nil {
 		return 0, err
 	}

@@ -16,6 +16,7 @@ import (
 	"database/sql/driver"
 	"errors"
 	"log/slog"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -44,6 +45,16 @@ type Target struct {
 	Kill func(ctx context.Context, conn *sql.Conn) error
 	// Label names the target in logs.
 	Label string
+}
+
+// KillQuery is the Kill of a MySQL session sid: KILL QUERY from another session (KILL
+// takes no placeholder: the id is formatted in).
+func KillQuery(sid int64) func(ctx context.Context, conn *sql.Conn) error {
+	kill := "KILL QUERY " + strconv.FormatInt(sid, 10)
+	return func(ctx context.Context, conn *sql.Conn) error {
+		_, err := conn.ExecContext(ctx, kill)
+		return err
+	}
 }
 
 // Interrupter interrupts waits from the connections of DB.

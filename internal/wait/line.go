@@ -3,7 +3,6 @@ package wait
 import (
 	"context"
 	"database/sql"
-	"encoding/hex"
 	"log/slog"
 	"strconv"
 	"sync"
@@ -44,6 +43,7 @@ type Line struct {
 	log     *slog.Logger
 	max     int
 	wait    time.Duration // longest wait of one entry
+	unlock  string        // unlockSQL
 
 	mu     sync.Mutex
 	seen   expiring // keys seen contended, until contendedFor after
@@ -78,11 +78,13 @@ func NewLine(db *sql.DB, d sqllock.Dialect, space string, ttl, poll time.Duratio
 	if m := db.Stats().MaxOpenConnections; m > 0 {
 		n = min(n, m/4)
 	}
-	return &Line{
+	ln := &Line{
 		db: db, dialect: d, space: space, pins: pin.New(db, d, ttl, log), log: log, max: n,
 		wait: max(poll, ttl),
 		seen: expiring{}, stale: expiring{},
 	}
+	ln.unlock = ln.unlockSQL()
+	return ln
 }
 
 // Close returns the kept sessions to the pool. Turns out stay valid.
@@ -134,13 +136,6 @@ func (m expiring) live(key string, now time.Time) bool {
 		return false
 	}
 	return ok
-}
-
-// Stale reports whether the line of key is not to be used for now (MarkStale).
-func (ln *Line) Stale(key string) bool {
-	ln.mu.Lock()
-	defer ln.mu.Unlock()
-	return ln.stale.live(key, time.Now())
 }
 
 // MarkStale stops the use of the line of key for a while: an entry's wait ran out,
@@ -196,9 +191,6 @@ type Turn struct {
 	done  bool
 }
 
-// Conn is the turn's session.
-func (t *Turn) Conn() *sql.Conn { return t.conn }
-
 // Dirty reports whether the turn's session is to be discarded.
 func (t *Turn) Dirty() bool { return t.dirty }
 
@@ -206,8 +198,15 @@ func (t *Turn) Dirty() bool { return t.dirty }
 func (t *Turn) In() bool { return t != nil && t.in }
 
 // Entered records that the turn's session now holds the line lock (its statement
-// entered the line), or that it does not (an entry that timed out).
-func (t *Turn) Entered(in bool) { t.in = in }
+// entered the line).
+func (t *Turn) Entered() { t.in = true }
+
+// Discard gives the turn up and discards its session, which may hold the line lock
+// or not (the server frees what it held).
+func (t *Turn) Discard(ctx context.Context) {
+	t.dirty = true
+	t.Leave(ctx)
+}
 
 // Run runs stmt on the turn's session, interrupting its wait on the server when ctx
 // ends (a cancel request, KILL QUERY). After an interrupt whose effect is uncertain
@@ -216,11 +215,7 @@ func (t *Turn) Entered(in bool) { t.in = in }
 func (t *Turn) Run(ctx context.Context, label string, stmt func(qctx context.Context, conn *sql.Conn) error) error {
 	target := interrupt.Target{PgConn: interrupt.PgConn(t.conn), Label: label}
 	if t.ln.dialect == sqllock.MySQL {
-		kill := "KILL QUERY " + strconv.FormatInt(t.sid, 10)
-		target.Kill = func(kctx context.Context, kc *sql.Conn) error {
-			_, err := kc.ExecContext(kctx, kill)
-			return err
-		}
+		target.Kill = interrupt.KillQuery(t.sid)
 	}
 	dirty, err := interrupt.Interrupter{DB: t.ln.db, Logger: t.ln.log}.Run(ctx, target, false,
 		func(qctx context.Context) error { return stmt(qctx, t.conn) })
@@ -246,7 +241,7 @@ func (t *Turn) Leave(ctx context.Context) {
 	}()
 	if !t.dirty && t.in {
 		gctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), interrupt.Grace)
-		_, err := t.conn.ExecContext(gctx, ln.unlockSQL(t.key), ln.unlockArgs(t.key)...)
+		_, err := t.conn.ExecContext(gctx, ln.unlock, ln.unlockArgs(t.key)...)
 		cancel()
 		t.dirty = err != nil
 	}
@@ -311,7 +306,7 @@ func PgLineKeyOf(spaceSQL, keySQL string) string {
 func (ln *Line) PgKey(keySQL string) string { return PgLineKey(ln.space, keySQL) }
 
 // MyName is the SQL expression of the MySQL GET_LOCK name of the line of a key, whose
-// SQL is keySQL (a "?" parameter, or MyKey): the database's name is part of it
+// SQL is keySQL (a "?" parameter, or namekey.MySQLHex): the database's name is part of it
 // (GET_LOCK names are server-wide), computed by the server in the statement; 63
 // characters.
 func (ln *Line) MyName(keySQL string) string { return MyLineName(ln.space, keySQL) }
@@ -329,11 +324,6 @@ const MyLinePrefix = "sqllock:l:"
 
 // LineSpaces are the strategies that use a server-side line.
 var LineSpaces = []string{"uniqueindex", "optimistic"}
-
-// MyKey is key as a MySQL hexadecimal literal, for the statements a turn sends as
-// text: go-sql-driver prepares, runs and closes a statement with parameters (unless
-// the DSN sets interpolateParams), three round trips where text takes one.
-func MyKey(key []byte) string { return "X'" + hex.EncodeToString(key) + "'" }
 
 // PgEnter is the SQL expression that enters the line of PostgreSQL advisory key k
 // (a PgLineKey expression) and evaluates to whether the session had to wait: it
@@ -384,8 +374,11 @@ func PgPID(conn *sql.Conn) int64 {
 // settings.
 func PgRelease(k string) string {
 	return "pg_advisory_unlock(" + k + ") AS unlocked, NOT pg_try_advisory_xact_lock_shared(" + k + ") AS in_line, " +
-		"set_config('idle_session_timeout', NULL, false) || set_config('tcp_user_timeout', NULL, false) AS reset"
+		pgReset + " AS reset"
 }
+
+// pgReset puts a turn's session bound (PgBound) back: a NULL value is a RESET.
+const pgReset = "set_config('idle_session_timeout', NULL, false) || set_config('tcp_user_timeout', NULL, false)"
 
 // MyEnter is the MySQL derived table that enters the line of name (MyName): it has
 // one row when the session holds the line lock, and none when the wait ran out. A
@@ -417,10 +410,11 @@ func MyReleased(v int64) (unlocked, inLine, ok bool) {
 	return v&2 != 0, v&1 != 0, true
 }
 
-// unlockSQL gives the line lock of key back on its own.
-func (ln *Line) unlockSQL(key []byte) string {
+// unlockSQL is the statement that gives the line lock of key $1 back on its own (and,
+// on PostgreSQL, puts the session's bound back, as PgRelease does).
+func (ln *Line) unlockSQL() string {
 	if ln.dialect == sqllock.Postgres {
-		return "SELECT pg_advisory_unlock(" + ln.PgKey("$1") + "), set_config('idle_session_timeout', NULL, false), set_config('tcp_user_timeout', NULL, false)"
+		return "SELECT pg_advisory_unlock(" + ln.PgKey("$1") + "), " + pgReset
 	}
 	return "DO RELEASE_ALL_LOCKS()"
 }

@@ -109,15 +109,13 @@ func (lp Loop) Run(ctx context.Context) (slot *Slot, turn *Turn, uncertain bool,
 				// what it held).
 				lp.Log.Debug("sqllock: entering the server-side line failed; waiting without it", "err", err)
 				uncertain = uncertain || OutcomeUnknown(err)
-				turn.dirty = true
-				turn.Leave(ctx)
+				turn.Discard(ctx)
 				turn, lineTimedOut = nil, true
 				continue
 			case err != nil && (entering || turn.dirty):
 				// The session may hold the line lock or not: discard it (the server
 				// frees what it held), and go on without the line.
-				turn.dirty = true
-				turn.Leave(ctx)
+				turn.Discard(ctx)
 				turn = nil
 			case entering && !res.Entered:
 				// The entry's wait ran out (or the line is off): attempt without the
@@ -129,7 +127,7 @@ func (lp Loop) Run(ctx context.Context) (slot *Slot, turn *Turn, uncertain bool,
 				}
 				continue
 			case entering:
-				turn.Entered(true)
+				turn.Entered()
 				if res.Waited {
 					lp.Line.Saw(lp.Key)
 				}
