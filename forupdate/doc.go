@@ -132,7 +132,8 @@
 //
 // More statements: on MySQL, each pinned session (see WithTTL: a pooled connection
 // whose wait_timeout the Locker set, kept for reuse while the pool has room) is set
-// up, asked its CONNECTION_ID() once and put back when it returns to the pool; Release
+// up, asked its CONNECTION_ID() once with a token (without, the locking read
+// returns it) and put back when it returns to the pool; Release
 // after Tx was called checks the transaction before COMMIT; an isolation level other
 // than the default is one SET TRANSACTION; TryAcquireAny looks for missing rows
 // first and draws the token in a second statement. On PostgreSQL with a driver other

@@ -470,7 +470,7 @@ func (l *Locker) acquireLoop(ctx context.Context, op, name string, m mode, grant
 // out-of-band cancel requests; the connection id on MySQL) and a marker comment put
 // in the text of the MySQL statements that may wait.
 type waitTarget struct {
-	pid    int64 // the session's id: pg_backend_pid() or CONNECTION_ID()
+	pid    int64 // the session's id: pg_backend_pid(), or CONNECTION_ID() with a token (without, the locking read returns it)
 	pgc    *pgconn.PgConn
 	marker string
 	flavor int32 // MySQL: server flavour, for serverWaitBound
@@ -484,8 +484,11 @@ func (l *Locker) newTarget(ctx context.Context, conn *sql.Conn) (waitTarget, err
 		return t, err
 	}
 	t.flavor = l.myFlavor(ctx, conn)
-	// Asked once per pinned session: the locking statement (a REPLACE) cannot return it.
-	t.pid, err = l.pins.SessionID(ctx, conn)
+	if !l.cfg.noToken {
+		// Asked once per pinned session: the locking statement (a REPLACE) cannot
+		// return it. Without a token the locking read does (myLockFmt, myAnyFmt).
+		t.pid, err = l.pins.SessionID(ctx, conn)
+	}
 	return t, err
 }
 
@@ -680,39 +683,44 @@ func (l *Locker) lockRow(ctx context.Context, tx *sql.Tx, target waitTarget, key
 			stmt, draw, drawAfter = bounded, false, true
 		}
 	}
+	var sid int64
 	if m == modeTry {
-		g.token, err = myRun(ctx, tx, stmt, draw)
+		g.token, sid, err = myRun(ctx, tx, stmt, draw)
 	} else {
 		dirty, err = l.watched(ctx, target, false, func(qctx context.Context) error {
-			tok, err := myRun(qctx, tx, stmt, draw)
-			g.token = tok
+			var err error
+			g.token, sid, err = myRun(qctx, tx, stmt, draw)
 			return err
 		})
+	}
+	if sid != 0 {
+		g.sid = sid
 	}
 	g.at = l.boundStart(sent)
 	if err = l.locked(ctx, err, dirty, granted); err != nil || !drawAfter {
 		return g, dirty, err
 	}
 	g.at = time.Now()
-	g.token, err = myRun(context.WithoutCancel(ctx), tx, myLocking(true, target.marker, key, true), true)
+	g.token, _, err = myRun(context.WithoutCancel(ctx), tx, myLocking(true, target.marker, key, true), true)
 	return g, false, err
 }
 
 // myRun runs stmt, a statement of myLocking, in tx: with draw (myDrawFmt) it returns
-// the token drawn; either way sql.ErrNoRows if the key has no row.
-func myRun(ctx context.Context, tx *sql.Tx, stmt string, draw bool) (int64, error) {
+// the token drawn, without, the session's id (myLockFmt); either way sql.ErrNoRows
+// if the key has no row.
+func myRun(ctx context.Context, tx *sql.Tx, stmt string, draw bool) (token, sid int64, err error) {
 	if !draw {
-		var key []byte
-		return 0, tx.QueryRowContext(ctx, stmt).Scan(&key)
+		return 0, sid, tx.QueryRowContext(ctx, stmt).Scan(&sid)
 	}
 	res, err := tx.ExecContext(ctx, stmt)
 	if sqlerr.IsCode(err, "1048") {
-		return 0, sql.ErrNoRows // the copy's name is NULL: no row
+		return 0, 0, sql.ErrNoRows // the copy's name is NULL: no row
 	}
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	return res.LastInsertId()
+	token, err = res.LastInsertId()
+	return token, 0, err
 }
 
 // locked maps the outcome of a locking statement: errNoRow, the statement's error,
@@ -854,11 +862,11 @@ func (l *Locker) anyAttempt(ctx context.Context, op string, keys [][]byte, names
 			}
 		} else {
 			q := fmt.Sprintf(myAnyFmt, placeholders(len(keys)))
-			err = tx.QueryRowContext(ctx, q, anyArgs(keys, 1)...).Scan(&key)
+			err = tx.QueryRowContext(ctx, q, anyArgs(keys, 1)...).Scan(&key, &g.sid)
 			if err == nil && !l.cfg.noToken {
 				// The lock is held: the statement of TryLock draws the token without
 				// waiting. (It replaces a row named in advance: it cannot pick one.)
-				g.token, err = myRun(ctx, tx, myLocking(true, target.marker, key, true), true)
+				g.token, _, err = myRun(ctx, tx, myLocking(true, target.marker, key, true), true)
 			}
 		}
 		if err == nil && ctx.Err() == nil {

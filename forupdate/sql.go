@@ -89,11 +89,12 @@ FROM pg_stat_activity WHERE pid = $1 AND backend_start <= $2 AND xact_start = $2
 	// The MySQL statements that may wait carry a marker comment (argument 1) by which
 	// a waiting statement is found in the processlist to be interrupted, and start
 	// with "SELECT " or "REPLACE " (or "INSERT ") for serverWaitBound. The key
-	// (argument 2) is a hex literal; argument 3 is "" or " NOWAIT". The session's id
-	// is not in them: it comes from the pinned session (pin.Pool.SessionID).
+	// (argument 2) is a hex literal; argument 3 is "" or " NOWAIT".
 	//
-	// myLockFmt is the locking read of leases without a token.
-	myLockFmt = `SELECT /* %[1]s */ lock_key FROM sqllock_rowlock WHERE lock_key = %[2]s FOR UPDATE%[3]s`
+	// myLockFmt is the locking read of leases without a token; it returns the
+	// session's id. (A token's REPLACE cannot: with a token the id comes from the
+	// pinned session, pin.Pool.SessionID, asked once per session.)
+	myLockFmt = `SELECT /* %[1]s */ CONNECTION_ID() FROM sqllock_rowlock WHERE lock_key = %[2]s FOR UPDATE%[3]s`
 	// myDrawFmt takes the row lock and draws the lease's token in one statement: it
 	// replaces the locked row by a copy, which draws a new AUTO_INCREMENT token (the
 	// statement's insert id; AUTO_INCREMENT values are not reused after a rollback).
@@ -113,7 +114,7 @@ FROM pg_stat_activity WHERE pid = $1 AND backend_start <= $2 AND xact_start = $2
 	// not only the one LIMIT keeps. Without it, rows are read (and the first free one
 	// locked) in key order. Every key in the list must have a row: at REPEATABLE READ a
 	// missing key would be gap-locked for the whole lease (see ensureRows).
-	myAnyFmt = `SELECT lock_key FROM sqllock_rowlock WHERE lock_key IN (%s)
+	myAnyFmt = `SELECT lock_key, CONNECTION_ID() FROM sqllock_rowlock WHERE lock_key IN (%s)
 LIMIT 1 FOR UPDATE SKIP LOCKED`
 	myExistingFmt = `SELECT lock_key FROM sqllock_rowlock WHERE lock_key IN (%s)`
 	// A duplicate key (1062) means the row exists: the goal. INSERT IGNORE is not
