@@ -109,7 +109,11 @@ func NewSemaphore(db *sql.DB, d sqllock.Dialect, n int, opts ...Option) (*Locker
 	if n < 1 {
 		return nil, lease.NewError("new", d, "", sqllock.ErrInvalidOption, fmt.Errorf("fairqueue: %d permits: need at least 1", n))
 	}
-	return &Locker{b: rowlease.New("fairqueue", db, d, cfg, channel), permits: n, owners: map[string]*ticket{}}, nil
+	l := &Locker{b: rowlease.New("fairqueue", db, d, cfg, channel), permits: n, owners: map[string]*ticket{}}
+	if d == sqllock.MySQL && n == 1 {
+		l.b.EnableLine() // see waitTurn
+	}
+	return l, nil
 }
 
 // Permits returns the number of holders a name may have at once (1 for New).
@@ -374,15 +378,36 @@ func (l *Locker) drawTx(ctx context.Context, key []byte, name string, owner []by
 // statement), when the nearest one's lease would expire (a dead owner), or after a
 // poll. first is the look its draw answered, or nil. With block false it looks once.
 // It returns errTicketLost if the ticket died meanwhile.
-func (l *Locker) waitTurn(ctx context.Context, le *Lease, block bool, first *look) (bool, error) {
+//
+// On MySQL, which has no notifications, a lock's waiter found contended waits in the
+// server instead of polling (see enterLine): its session holds a lock named after
+// its ticket (wait.MyTicketName) until its release, and its look waits for the lock
+// of its nearest predecessor, which that one's release statement gives back. So
+// each waiter waits for its predecessor, as on PostgreSQL, and sends one statement
+// per predecessor that goes. These locks are a waiting aid only: the tickets decide
+// who holds the lock. A predecessor whose lock is free while it is live (it waits
+// without one: no turn was to be had, or it was granted without waiting) is polled
+// for as before.
+func (l *Locker) waitTurn(ctx context.Context, le *Lease, block bool, first *look) (granted bool, err error) {
 	seen := new(sighting)
 	lk := first
+	var lw lineWait
+	defer func() {
+		// The release deletes the ticket and gives its lock back in one statement on
+		// the turn's session, granted or not.
+		le.turn.Store(lw.turn)
+	}()
+	enter := block && l.b.Line != nil && l.b.Line.Contended(string(le.key))
 	for attempt := 0; ; attempt++ {
 		if le.core.Err() != nil {
 			return false, errTicketLost
 		}
 		var err error
-		if lk == nil {
+		lw.entered = false
+		if lk == nil && enter && !lw.off {
+			lk, err = l.enterLine(ctx, le, &lw)
+		}
+		if lk == nil && err == nil {
 			lk, err = l.predecessors(ctx, le)
 		}
 		if err == nil && l.b.Dialect == sqllock.MySQL {
@@ -415,6 +440,18 @@ func (l *Locker) waitTurn(ctx context.Context, le *Lease, block bool, first *loo
 		if !block {
 			return false, nil
 		}
+		if l.b.Line != nil && err == nil {
+			l.b.Line.Saw(string(le.key))
+			if len(lk.preds) > 0 {
+				lw.pred = lk.preds[0].ticket
+			}
+			if !enter || (lw.entered && !lw.free) {
+				// Contended: wait in the server from now on; or the predecessor it
+				// waited for went: wait for the next one. At once.
+				enter, lk = true, nil
+				continue
+			}
+		}
 		var preds []pred
 		place := 1
 		if lk != nil {
@@ -432,6 +469,78 @@ func (l *Locker) waitTurn(ctx context.Context, le *Lease, block bool, first *loo
 		}
 		lk = nil
 	}
+}
+
+// lineWait is a waiter's use of the MySQL ticket locks (see waitTurn).
+type lineWait struct {
+	turn    *wait.Turn // its turn, whose session holds its ticket lock once it entered
+	pred    int64      // the predecessor whose lock the next entry waits for (0: the ticket below its own)
+	entered bool       // the last entry waited for its predecessor's lock and got it
+	free    bool       // and that predecessor is still live: it does not hold its lock
+	off     bool       // an entry failed: this acquisition waits without the line
+}
+
+// enterLine makes le's next look on MySQL in the line (lineLookMySQLFmt), on the
+// session of a turn (taken if lw has none): it takes le's ticket lock (if free) and
+// waits for its predecessor's. It returns nil and no error when the look is to be
+// made without the line: no turn was to be had, the wait ran out (the predecessor
+// holds on), or the entry failed (this acquisition then waits without the line).
+func (l *Locker) enterLine(ctx context.Context, le *Lease, lw *lineWait) (*look, error) {
+	lw.free = false
+	if lw.turn == nil {
+		if lw.turn = l.b.Line.Take(ctx, le.key); lw.turn == nil {
+			return nil, nil
+		}
+	}
+	t := lw.turn
+	p := lw.pred
+	if p == 0 {
+		p = le.number - 1
+	}
+	actx, cancel, w := l.b.Line.EntryContext(ctx, l.b.Cfg.Attempt)
+	defer cancel()
+	k := namekey.MySQLHex(le.key)
+	predName := wait.MyTicketName(k, strconv.FormatInt(p, 10))
+	q := fmt.Sprintf(lineLookMySQLFmt, wait.MyTicketName(k, strconv.FormatInt(le.number, 10)), wait.MyEnter(predName, w), k, le.number)
+	var joined, nearest, live, dead, left int64
+	err := t.Run(actx, "fairqueue line", func(qctx context.Context, conn *sql.Conn) error {
+		return conn.QueryRowContext(qctx, q).Scan(&joined, &nearest, &live, &dead, &left)
+	})
+	if err != nil {
+		// The session may hold locks or not: discard it (the server frees what it
+		// held).
+		t.Discard(ctx)
+		lw.turn = nil
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		if !sqlerr.Transient(err) {
+			lw.off = true
+			l.b.Cfg.Logger.Debug("sqllock/fairqueue: entering the server-side line failed; waiting without it", "err", err)
+		}
+		return nil, nil
+	}
+	t.Entered() // it holds its ticket lock, and its predecessor's if it got it
+	if joined == 0 {
+		return nil, nil
+	}
+	lw.entered, lw.free = true, nearest == p
+	if lw.free && live > 1 {
+		// The predecessor, a waiter, did not hold its lock: let it take it (at its
+		// next entry) rather than keep it from it.
+		err := t.Run(ctx, "fairqueue line", func(qctx context.Context, conn *sql.Conn) error {
+			_, err := conn.ExecContext(qctx, "DO RELEASE_LOCK("+predName+"), RELEASE_LOCK("+predName+")")
+			return err
+		})
+		if err != nil && ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+	}
+	lk := &look{position: int(live), dead: dead > 0}
+	if nearest > 0 {
+		lk.preds = []pred{{nearest, time.Duration(left) * time.Microsecond}}
+	}
+	return lk, nil
 }
 
 // pred is a live predecessor: its ticket and its remaining lease.

@@ -64,15 +64,14 @@ func newLocker(t testing.TB, db *sql.DB, d sqllock.Dialect, opts ...fairqueue.Op
 func TestLocktest(t *testing.T) {
 	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
 		const ttl = 3 * time.Second
-		sections := 0 // the default
+		// Statements per contended acquisition: see TestContendedStatements.
+		stmts := 2.5
 		if d == sqllock.MySQL {
-			// Without notifications every hand-off across Lockers waits for a poll
-			// (about 30ms): fewer sections keep the case under 20s.
-			sections = 500
+			stmts = 4.8
 		}
 		locktest.Run(t, locktest.Config{
-			Dialect:  d,
-			Sections: sections,
+			Dialect:             d,
+			ContendedStatements: stmts,
 			New: func(t testing.TB, db *sql.DB) sqllock.Locker {
 				return newLocker(t, db, d, fairqueue.WithTTL(ttl))
 			},

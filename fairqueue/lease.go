@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/sqllock/sqllock"
 	"github.com/sqllock/sqllock/internal/lease"
+	"github.com/sqllock/sqllock/internal/namekey"
 	"github.com/sqllock/sqllock/internal/rowlease"
 	"github.com/sqllock/sqllock/internal/wait"
 )
@@ -36,6 +38,10 @@ type ticket struct {
 	// grantee is the ticket that the release of this one made a holder, or 0
 	// (PostgreSQL, see releasePostgresSQL).
 	grantee atomic.Int64
+	// turn is the MySQL turn whose session holds the ticket's lock, for a ticket that
+	// waited in the line (see waitTurn), or nil; set once waitTurn is done with it: the
+	// renewals then run on that session, and the release gives the lock back.
+	turn atomic.Pointer[wait.Turn]
 
 	mu    sync.Mutex
 	holds map[*Lease]bool // holds not yet released
@@ -186,12 +192,21 @@ func (k keeper) KeepAlive(ctx context.Context) (time.Duration, error) {
 	if b.Dialect == sqllock.Postgres {
 		return rowlease.Renewed(b.Changed(ctx, nil, renewPostgres, t.key, t.number, t.owner, us))
 	}
-	return rowlease.Renewed(b.Changed(ctx, nil, renewMySQL, us, t.key, t.number, t.owner))
+	return rowlease.Renewed(b.Kept(ctx, t.turn.Load(), nil, renewMySQL, us, t.key, t.number, t.owner))
 }
 
 func (k keeper) GiveBack(ctx context.Context, lost bool) error {
 	t, b := k.le, k.le.l.b
 	if b.Dialect == sqllock.MySQL {
+		if tn := t.turn.Swap(nil); tn != nil {
+			n, err := t.releaseInLine(ctx, tn)
+			// Gives the line lock back unless the release did; a session that failed
+			// is discarded, which frees it.
+			tn.Leave(ctx)
+			if err == nil {
+				return rowlease.Released(n, nil, lost, "the ticket")
+			}
+		}
 		n, err := b.Changed(ctx, nil, releaseMySQL, t.key, t.number, t.owner)
 		return rowlease.Released(n, err, lost, "the ticket")
 	}
@@ -205,6 +220,25 @@ func (k keeper) GiveBack(ctx context.Context, lost bool) error {
 		t.grantee.Store(grantee) // published when the lease ends, right after
 	}
 	return rowlease.Released(n, err, lost, "the ticket")
+}
+
+// releaseInLine deletes the ticket on the session of turn tn, which holds the MySQL
+// line lock: the statement gives the line lock back too (releaseLineMySQLFmt).
+func (t *ticket) releaseInLine(ctx context.Context, tn *wait.Turn) (int64, error) {
+	q := fmt.Sprintf(releaseLineMySQLFmt, namekey.MySQLHex(t.key), t.number, namekey.MySQLHex(t.owner))
+	var n int64
+	err := tn.Run(ctx, "fairqueue release", func(qctx context.Context, conn *sql.Conn) error {
+		res, err := conn.ExecContext(qctx, q)
+		if err != nil {
+			return err
+		}
+		n, err = res.RowsAffected()
+		return err
+	})
+	if err == nil && n > 0 {
+		tn.Released(true, false)
+	}
+	return n, err
 }
 
 // observed returns the lease's core and token, for the lease core's telemetry.

@@ -80,18 +80,23 @@ FROM d, LATERAL sqllock_fairqueue_next($1, d.ticket, ` + permits + `) n`
 
 const (
 	// MySQL has no statement that writes two tables, so a ticket is drawn in two:
-	// enqueueMySQL inserts the ticket numbered by the dispenser (read under a shared
-	// lock held until the statement commits; its number is the statement's insert
-	// id), then bumpMySQL moves the dispenser past it. A ticket is inserted only
-	// with the dispenser's current number, which moves on only once that ticket is
-	// committed: tickets become visible in their order. An enqueue that meets a
-	// ticket of the current number (a concurrent one between its two statements, or
-	// one whose owner died there) gets a duplicate key, moves the dispenser past it
-	// (bumpMySQL) and tries again; so no number is granted twice.
+	// enqueueMySQL inserts the ticket numbered past both the dispenser (read under a
+	// shared lock held until the statement commits) and the highest ticket of the
+	// name (its number is the statement's insert id), then bumpMySQL moves the
+	// dispenser past it, so that the number is never drawn again, even once every
+	// ticket of the name is deleted. Under REPEATABLE READ, MySQL's default, an
+	// INSERT ... SELECT reads with shared locks: the read of the highest ticket waits
+	// for a ticket being inserted to commit, so a number is drawn only once every
+	// lower ticket is visible, and tickets become visible in their order (a draw
+	// that came between another's two statements does not meet its number). A draw
+	// that meets a ticket of its number anyway (under READ COMMITTED, whose read does
+	// not wait; or one whose owner died between its statements) gets a duplicate key
+	// and draws in a transaction instead (drawTx); so no number is granted twice.
 	//
 	// ? key, owner, TTL µs, host, pid, key.
 	enqueueMySQL = `INSERT INTO sqllock_ticket (lock_key, ticket, owner, created_at, expires_at, host, pid)
-SELECT ?, LAST_INSERT_ID(q.next_ticket), ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, ?, ?
+SELECT ?, LAST_INSERT_ID(GREATEST(q.next_ticket, COALESCE((SELECT MAX(t.ticket) FROM sqllock_ticket t WHERE t.lock_key = q.lock_key), 0) + 1)),
+  ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, ?, ?
 FROM sqllock_queue q WHERE q.lock_key = ? LOCK IN SHARE MODE`
 	// ? ticket, key.
 	bumpMySQL = `UPDATE sqllock_queue SET next_ticket = GREATEST(next_ticket, ? + 1) WHERE lock_key = ?`
@@ -134,6 +139,31 @@ WHERE lock_key = ? AND ticket = ? AND owner = ? AND expires_at > UTC_TIMESTAMP(6
 
 	// releaseMySQL deletes the ticket (see releasePostgresSQL for PostgreSQL).
 	releaseMySQL = `DELETE FROM sqllock_ticket WHERE lock_key = ? AND ticket = ? AND owner = ?`
+
+	// The MySQL line of a lock (permits 1; see Locker.enterLine): text for a turn's
+	// session, with the values in it (hexadecimal literals and numbers).
+	//
+	// lineLookMySQLFmt takes the waiter's ticket lock (%[1]s, wait.MyTicketName) if it
+	// is free, waits for its predecessor's (%[2]s, wait.MyEnter of that name), and then
+	// looks at the tickets below the waiter's (%[3]s key, %[4]d ticket), in one row:
+	// the rows it joined (0 when the wait ran out: no look was made), the nearest live
+	// ticket (0: none), how many are live and how many dead, and the least time left
+	// of a live one (µs). The two derived tables have no table: they are read, in
+	// their order, before the statement reads one, so no row lock is held while it
+	// waits. The look is a locking read: a release that gave its ticket lock back
+	// before its delete committed (releaseLineMySQLFmt) is waited for, and then seen.
+	lineLookMySQLFmt = `SELECT COUNT(*), COALESCE(MAX(IF(t.expires_at > UTC_TIMESTAMP(6), t.ticket, NULL)), 0),
+  COALESCE(SUM(t.expires_at > UTC_TIMESTAMP(6)), 0), COALESCE(SUM(t.expires_at <= UTC_TIMESTAMP(6)), 0),
+  COALESCE(MIN(IF(t.expires_at > UTC_TIMESTAMP(6), TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), t.expires_at), NULL)), 0)
+FROM (SELECT GET_LOCK(%[1]s, 0) AS own) o, %[2]s e
+LEFT JOIN sqllock_ticket t ON t.lock_key = %[3]s AND t.ticket < %[4]d LOCK IN SHARE MODE`
+	// releaseLineMySQLFmt deletes the ticket (%[1]s key, %[2]d ticket, %[3]s owner)
+	// on the session of the turn that holds its ticket lock, and gives the session's
+	// locks back once the row is locked (the condition reads a column that only the locked
+	// row gives: MySQL 9.7 evaluates one without a column of the row before it locks
+	// the row), before the delete commits; it stays held if no row matched.
+	releaseLineMySQLFmt = `DELETE FROM sqllock_ticket WHERE lock_key = %[1]s AND ticket = %[2]d AND owner = %[3]s
+  AND RELEASE_ALL_LOCKS() + LENGTH(created_at) > 0`
 
 	// forgetMySQL deletes the tickets of an acquisition whose enqueue outcome the
 	// caller never learnt and that it gave up (owners are unique per acquisition).

@@ -1,8 +1,11 @@
 package fairqueue
 
 import (
+	"fmt"
 	"testing"
+	"time"
 
+	"github.com/sqllock/sqllock/internal/wait"
 	"github.com/sqllock/sqllock/testdb"
 )
 
@@ -24,5 +27,8 @@ func TestMySQLStatementsDrawNoWarnings(t *testing.T) {
 		"checkMySQL":         checkMySQL,
 		"sweepSelectMySQL":   sweepSelectMySQL,
 		"sweepDeleteMySQL":   sweepDeleteMySQL,
+		"lineLookMySQL": fmt.Sprintf(lineLookMySQLFmt, wait.MyTicketName("X'00'", "2"),
+			wait.MyEnter(wait.MyTicketName("X'00'", "1"), time.Second), "X'00'", 2),
+		"releaseLineMySQL": fmt.Sprintf(releaseLineMySQLFmt, "X'00'", 2, "X'01'"),
 	})
 }

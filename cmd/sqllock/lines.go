@@ -107,13 +107,17 @@ func partySession(p Party) string {
 }
 
 // routeLines takes the sessions of MySQL GET_LOCK names that are lines
-// (wait.MyLinePrefix) out of recs and files them under their locks (attachLines).
+// (wait.MyLinePrefix) out of recs and files them under their locks (attachLines),
+// and drops those of fairqueue's tickets (wait.MyTicketPrefix).
 // targets is lineTargets' answer if the caller has it, or nil.
 func routeLines[R any](ctx context.Context, db *sql.DB, snap *snapshot, targets map[string][2]string, recs []R, f func(R) (name string, waiting bool, p Party)) ([]R, error) {
 	var lines []lineRec
 	kept := recs[:0]
 	for _, r := range recs {
 		name, waiting, p := f(r)
+		if strings.HasPrefix(name, wait.MyTicketPrefix) {
+			continue // a fairqueue ticket's: its waiter is listed from the tickets
+		}
 		if !strings.HasPrefix(name, wait.MyLinePrefix) {
 			kept = append(kept, r)
 			continue

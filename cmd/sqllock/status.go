@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -14,6 +15,7 @@ import (
 	"github.com/sqllock/sqllock"
 	"github.com/sqllock/sqllock/advisory"
 	"github.com/sqllock/sqllock/internal/sqlerr"
+	"github.com/sqllock/sqllock/internal/wait"
 )
 
 // Lock is one entry of `sqllock status --json`: a held lock (or, for uniqueindex and
@@ -909,7 +911,8 @@ ORDER BY m.OBJECT_NAME, m.LOCK_STATUS = 'GRANTED' DESC, m.OWNER_EVENT_ID`)
 		}
 		dbName := ""
 		for _, p := range list { // the lines' waiters
-			if m := lineRe.FindStringSubmatch(p.info.String); m != nil && strings.Contains(strings.ToLower(p.state.String), "user lock") {
+			if m := lineRe.FindStringSubmatch(p.info.String); m != nil && strings.Contains(strings.ToLower(p.state.String), "user lock") &&
+				slices.Contains(wait.LineSpaces, m[1]) { // (not a fairqueue waiter's: listed from the tickets)
 				w := p.party()
 				w.Since = ptr(time.Now().UTC().Add(-time.Duration(p.time) * time.Second))
 				if dbName == "" {

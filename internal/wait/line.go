@@ -316,13 +316,32 @@ func MyLineName(space, keySQL string) string { return MyLineNameOf("'"+space+"'"
 
 // MyLineNameOf is MyLineName with the strategy's name given as SQL too (spaceSQL).
 func MyLineNameOf(spaceSQL, keySQL string) string {
-	return "CONCAT('sqllock:l:', LEFT(SHA2(CONCAT_WS(':', COALESCE(DATABASE(), ''), " + spaceSQL + ", HEX(" + keySQL + ")), 256), 54))"
+	return "CONCAT('" + MyLinePrefix + "', LEFT(SHA2(" + myLineID(spaceSQL, keySQL) + ", 256), 54))"
+}
+
+// myLineID is what the GET_LOCK names of the line of a key are hashed from: the
+// database, the strategy and the key.
+func myLineID(spaceSQL, keySQL string) string {
+	return "CONCAT_WS(':', COALESCE(DATABASE(), ''), " + spaceSQL + ", HEX(" + keySQL + "))"
 }
 
 // MyLinePrefix begins the GET_LOCK name of every line (MyLineName).
 const MyLinePrefix = "sqllock:l:"
 
-// LineSpaces are the strategies that use a server-side line.
+// MyTicketName is the SQL expression of the GET_LOCK name of ticket ticketSQL (an SQL
+// number) of the fairqueue lock key keySQL on MySQL: a waiter's session holds it
+// while it waits in the line, and until its release, and its successor waits for
+// it. It is MyTicketPrefix, 34 hexadecimal digits of the hash MyLineName takes 54 of,
+// ':' and the ticket: at most 64 characters.
+func MyTicketName(keySQL, ticketSQL string) string {
+	return "CONCAT('" + MyTicketPrefix + "', LEFT(SHA2(" + myLineID("'fairqueue'", keySQL) + ", 256), 34), ':', " + ticketSQL + ")"
+}
+
+// MyTicketPrefix begins the GET_LOCK name of every fairqueue ticket (MyTicketName).
+const MyTicketPrefix = "sqllock:q:"
+
+// LineSpaces are the strategies that use a server-side line (fairqueue's MySQL
+// waiters hold and wait for locks of their tickets instead: MyTicketName).
 var LineSpaces = []string{"uniqueindex", "optimistic"}
 
 // PgEnter is the SQL expression that enters the line of PostgreSQL advisory key k

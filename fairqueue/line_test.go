@@ -1,0 +1,227 @@
+package fairqueue_test
+
+import (
+	"context"
+	"database/sql"
+	"encoding/hex"
+	"errors"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sqllock/sqllock"
+	"github.com/sqllock/sqllock/fairqueue"
+	"github.com/sqllock/sqllock/internal/namekey"
+	"github.com/sqllock/sqllock/internal/wait"
+	"github.com/sqllock/sqllock/testdb"
+)
+
+// The MySQL line: a contended waiter's session holds the lock of its ticket and waits
+// in the server for its predecessor's (see fairqueue's waitTurn).
+
+// inUserLock returns the session that waits in the server for the lock of ticket of
+// name, once there is one: performance_schema's pending metadata lock on MySQL; the
+// processlist's state and statement on MariaDB (whose performance_schema is off by
+// default).
+func inUserLock(t *testing.T, admin *sql.DB, name string, ticket int64) int64 {
+	t.Helper()
+	var version string
+	if err := admin.QueryRow("SELECT VERSION()").Scan(&version); err != nil {
+		t.Fatal(err)
+	}
+	k := namekey.MySQLHex(namekey.Key(name))
+	q := `SELECT t.PROCESSLIST_ID FROM performance_schema.metadata_locks m
+JOIN performance_schema.threads t ON t.THREAD_ID = m.OWNER_THREAD_ID
+WHERE m.OBJECT_TYPE = 'USER LEVEL LOCK' AND m.LOCK_STATUS = 'PENDING' AND m.OBJECT_NAME = ` + wait.MyTicketName(k, strconv.FormatInt(ticket, 10))
+	if strings.Contains(version, "MariaDB") {
+		q = `SELECT ID FROM information_schema.PROCESSLIST WHERE STATE = 'User lock' AND DB = DATABASE()
+AND INFO LIKE '%sqllock:q:%' AND INFO LIKE '%` + hex.EncodeToString(namekey.Key(name)) + `%' LIMIT 1`
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		var id int64
+		err := admin.QueryRow(q).Scan(&id)
+		if err == nil {
+			return id
+		}
+		if !errors.Is(err, sql.ErrNoRows) {
+			t.Fatal(err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no waiter of %s waits in the server for the lock of ticket %d", name, ticket)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// ticketLockHolder returns the session that holds the lock of ticket of name, or 0.
+func ticketLockHolder(t *testing.T, admin *sql.DB, name string, ticket int64) int64 {
+	t.Helper()
+	var id sql.NullInt64
+	q := "SELECT IS_USED_LOCK(" + wait.MyTicketName(namekey.MySQLHex(namekey.Key(name)), strconv.FormatInt(ticket, 10)) + ")"
+	if err := admin.QueryRow(q).Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	return id.Int64
+}
+
+// ticketLockTaken waits until a session holds the lock of ticket of name, and returns
+// it.
+func ticketLockTaken(t *testing.T, admin *sql.DB, name string, ticket int64) int64 {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		if sid := ticketLockHolder(t, admin, name, ticket); sid != 0 {
+			return sid
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("nobody holds the lock of ticket %d of %s", ticket, name)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// acquireAsync starts an Acquire and returns its outcome.
+func acquireAsync(ctx context.Context, l *fairqueue.Locker, name string) <-chan acquired {
+	ch := make(chan acquired, 1)
+	go func() {
+		le, err := l.Acquire(ctx, name)
+		ch <- acquired{le, err, time.Now()}
+	}()
+	return ch
+}
+
+type acquired struct {
+	le  sqllock.Lease
+	err error
+	at  time.Time
+}
+
+func (a acquired) must(t *testing.T, what string) sqllock.Lease {
+	t.Helper()
+	if a.err != nil {
+		t.Fatalf("%s: %v", what, a.err)
+	}
+	return a.le
+}
+
+// TestMySQLWaiterWaitsInServer: a waiter whose predecessor waited in the line waits
+// in the server for that one's ticket lock, and goes in when its predecessor's release
+// gives it back: its whole Acquire is three statements (draw, move the dispenser on,
+// and the look that waited), none of them a poll, once its Locker has seen the name
+// contended and has a session for the line.
+func TestMySQLWaiterWaitsInServer(t *testing.T) {
+	d := sqllock.MySQL
+	ctx := testdb.Context(t, 2*time.Minute)
+	admin := testdb.Open(t, d)
+	a := newLocker(t, testdb.Open(t, d), d, slowPoll)
+	b := newLocker(t, testdb.Open(t, d), d, slowPoll)
+	var sent atomic.Int64
+	c := newLocker(t, testdb.OpenCounting(t, d, &sent), d, slowPoll)
+	name := testdb.Name(t)
+
+	// C waits once (its Locker then knows the name contended, and keeps its line's
+	// session for a while).
+	la, err := a.Acquire(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gotC := acquireAsync(ctx, c, name)
+	ticketLockTaken(t, admin, name, la.Token()+1)
+	la.Release(ctx)
+	(<-gotC).must(t, "C").Release(ctx)
+
+	la, err = a.Acquire(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gotB := acquireAsync(ctx, b, name)
+	// B takes its ticket's lock, then polls for A (granted without the line).
+	ticketLockTaken(t, admin, name, la.Token()+1)
+	before := sent.Load()
+	gotC = acquireAsync(ctx, c, name)
+	inUserLock(t, admin, name, la.Token()+1)
+	if err := la.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	lb := (<-gotB).must(t, "B")
+	if lb.Token() != la.Token()+1 {
+		t.Fatalf("B got ticket %d, want %d", lb.Token(), la.Token()+1)
+	}
+	select {
+	case r := <-gotC:
+		t.Fatalf("C got the lock while B held it: %v", r.err)
+	default:
+	}
+	released := time.Now()
+	if err := lb.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := <-gotC
+	n := sent.Load() - before
+	lc := r.must(t, "C")
+	defer lc.Release(ctx)
+	t.Logf("C in %v after B's release, %d statements", r.at.Sub(released), n)
+	if n != 3 {
+		t.Errorf("C's Acquire sent %d statements, want 3 (draw, dispenser, the look that waited)", n)
+	}
+	if lc.Token() != lb.Token()+1 {
+		t.Errorf("C got ticket %d, want %d", lc.Token(), lb.Token()+1)
+	}
+}
+
+// TestMySQLLineWaiterKilled: the session of a waiter in the line is killed while its
+// successor waits in the server for its ticket's lock. The successor wakes, finds the
+// waiter's ticket still live (its owner renews it through the pool) and does not pass
+// it; the waiter goes on without the line. The order holds: A, B, C.
+func TestMySQLLineWaiterKilled(t *testing.T) {
+	d := sqllock.MySQL
+	ctx := testdb.Context(t, 2*time.Minute)
+	admin := testdb.Open(t, d)
+	opts := []fairqueue.Option{fairqueue.WithTTL(3 * time.Second), fairqueue.WithPollInterval(200 * time.Millisecond)}
+	a := newLocker(t, testdb.Open(t, d), d, opts...)
+	b := newLocker(t, testdb.Open(t, d), d, opts...)
+	c := newLocker(t, testdb.Open(t, d), d, opts...)
+	name := testdb.Name(t)
+
+	la, err := a.Acquire(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gotB := acquireAsync(ctx, b, name)
+	sid := ticketLockTaken(t, admin, name, la.Token()+1)
+	gotC := acquireAsync(ctx, c, name)
+	inUserLock(t, admin, name, la.Token()+1)
+	if _, err := admin.Exec("KILL " + strconv.FormatInt(sid, 10)); err != nil {
+		t.Fatal(err)
+	}
+	// C woke: its ticket lock's holder is gone. B holds its ticket, A the lock.
+	time.Sleep(500 * time.Millisecond) // (let C look again while B's ticket is live)
+	select {
+	case r := <-gotB:
+		t.Fatalf("B got the lock while A held it: %v", r.err)
+	case r := <-gotC:
+		t.Fatalf("C got the lock while A held it: %v", r.err)
+	default:
+	}
+	if err := la.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	lb := (<-gotB).must(t, "B")
+	select {
+	case r := <-gotC:
+		t.Fatalf("C got the lock while B held it: %v", r.err)
+	default:
+	}
+	if err := lb.Err(); err != nil {
+		t.Fatalf("B's lease: %v", err)
+	}
+	if err := lb.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	lc := (<-gotC).must(t, "C")
+	if !(la.Token() < lb.Token() && lb.Token() < lc.Token()) {
+		t.Errorf("tokens %d, %d, %d: want increasing", la.Token(), lb.Token(), lc.Token())
+	}
+	lc.Release(ctx)
+}
