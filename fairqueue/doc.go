@@ -13,7 +13,11 @@
 // after a higher one was granted). The lowest live ticket holds the lock (the n
 // lowest, for a semaphore). Grants therefore follow the order of Acquire calls, across
 // processes, and the ticket is the fencing token: strictly increasing with every
-// grant, across restarts (dispensers are never deleted).
+// grant, across restarts (dispensers are never deleted). On PostgreSQL the draw moves
+// the dispenser on; on MySQL, which writes one table per statement, the draw numbers
+// the ticket past both the dispenser and the highest ticket of the name, and the
+// dispenser is moved on only before the highest ticket is deleted (a release that
+// leaves a higher ticket deletes without it).
 //
 // A ticket is live while its expiry, on the database clock, is in the future; its
 // owner keeps it alive with the library's lease core while it waits and while it
@@ -49,8 +53,10 @@
 // the name contended waits in the server instead: it takes a turn (a pooled session
 // pinned with a server-enforced idle bound, as the other strategies' lines: at most
 // 16 per Locker and a quarter of its pool, none below 4 connections), whose session
-// holds a GET_LOCK named after its ticket until its release, and its look first waits
-// for the GET_LOCK of its nearest live predecessor. The release statement deletes the
+// holds a GET_LOCK named after its ticket until its release (taken by the statement
+// that draws the ticket, before the ticket is visible, once the Locker has seen the
+// name contended), and its look first waits for the GET_LOCK of its nearest live
+// predecessor. The release statement deletes the
 // ticket and gives its GET_LOCK back once the row is locked; the successor's look, a
 // locking read, then waits for the delete to commit and sees it: a hand-off is one
 // statement of the successor's, with no poll. These GET_LOCKs are a waiting aid only:
@@ -72,14 +78,16 @@
 // and listeners included). One more when dead tickets are ahead (they are dropped
 // first), one per wake-up that is not a grant (semaphores, expiries, and the first
 // wait of a Locker, whose listener wakes its waiters once it listens), and one for
-// the listener's probe NOTIFY when it starts. On MySQL an acquisition is
-// three statements uncontended (the dispenser is moved on by a statement of its own,
-// then a look), plus one to release; contended, the look is the one that waits in the
-// server: 4.3 statements per acquisition with 8 processes contending for a name
-// (TestContendedStatements; BenchmarkContended: hand-off p50 about 0.5 ms, 4.5 ms
-// when waiters polled). A waiter whose predecessor holds no GET_LOCK sends one
-// statement per poll. Tickets are renewed every keep-alive interval while waiting
-// too.
+// the listener's probe NOTIFY when it starts. On MySQL an uncontended acquisition is
+// three statements: the draw, which tells that no other ticket was there (no look
+// is needed), then the dispenser moved on and the delete at the release. Contended:
+// the draw that takes the ticket's GET_LOCK, the look that waits in the server, and
+// the release, a delete that a higher ticket spares the dispenser's move: 3.0
+// statements per acquisition with 8 processes contending for a name
+// (BenchmarkContended: hand-off p50 0.3-0.6 ms, 4.5 ms when waiters polled). One
+// more for a Locker's first wait, when it takes a session for the line, and one
+// per poll for a waiter whose predecessor holds no GET_LOCK. Tickets are renewed
+// every keep-alive interval while waiting too.
 //
 // # Failover
 //

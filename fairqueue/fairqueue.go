@@ -184,11 +184,11 @@ func (l *Locker) acquireLease(ctx context.Context, op, name string, opts []sqllo
 		}
 	}
 	for {
-		le, first, err := l.enqueue(ctx, op, name, key, tm, block)
+		le, first, turn, err := l.enqueue(ctx, op, name, key, tm, block)
 		if err != nil {
 			return nil, err
 		}
-		granted, err := l.waitTurn(ctx, le, block, first)
+		granted, err := l.waitTurn(ctx, le, block, first, turn)
 		if err == nil && granted {
 			if err := lease.Granted(ctx, le.core.Label(), op, le.Release); err != nil {
 				return nil, err
@@ -221,19 +221,42 @@ func (l *Locker) acquireLease(ctx context.Context, op, name string, opts []sqllo
 var errTicketLost = errors.New("ticket lost while waiting")
 
 // enqueue draws a ticket and starts its keep-alive. It also returns the look at the
-// predecessors that the draw answered (PostgreSQL), or nil. An enqueue whose outcome
-// is unknown is undone (forget) before the error is returned.
-func (l *Locker) enqueue(ctx context.Context, op, name string, key []byte, tm lease.Timing, block bool) (*Lease, *look, error) {
+// predecessors that the draw answered (PostgreSQL), or nil; and on MySQL, for a lock
+// whose name was seen contended, the turn whose session drew the ticket and holds
+// its lock (see drawOn), or nil. An enqueue whose outcome is unknown is undone
+// (forget) before the error is returned.
+func (l *Locker) enqueue(ctx context.Context, op, name string, key []byte, tm lease.Timing, block bool) (*Lease, *look, *wait.Turn, error) {
 	owner := l.b.Owner('T', "")
 	var ticket int64
 	var start time.Time
 	var first *look
 	var err error
+	var turn *wait.Turn
+	if block && l.b.Line != nil && l.b.Line.Contended(string(key)) {
+		turn = l.b.Line.Take(ctx, key)
+	}
 	for attempt := 0; ; attempt++ {
 		err = wait.Retry(ctx, func() error {
 			actx, cancel := l.b.AttemptContext(ctx)
 			defer cancel()
 			var err error
+			if turn != nil {
+				if ticket, start, first, err = l.drawOn(actx, turn, key, name, owner, tm.TTL); err == nil {
+					return nil
+				}
+				// The session may hold the lock of a number it did not get: discard it
+				// (the server frees what it held), and draw without the line: in the
+				// next attempt after a conflict; at once, and never again on this
+				// Locker, after the server refused the statement (GET_LOCK unsupported,
+				// say); not after an error that leaves the draw's outcome unknown
+				// (enqueue forgets the owner's tickets).
+				turn.Discard(ctx)
+				turn = nil
+				if sqlerr.Transient(err) || wait.OutcomeUnknown(err) {
+					return err
+				}
+				l.b.Line.Off("drawing a ticket on a session of the line failed: " + err.Error())
+			}
 			ticket, start, first, err = l.draw(actx, key, name, owner, tm.TTL)
 			return err
 		}, nil)
@@ -247,27 +270,77 @@ func (l *Locker) enqueue(ctx context.Context, op, name string, key []byte, tm le
 		}
 	}
 	if err != nil {
-		if wait.OutcomeUnknown(err) || errors.Is(err, errTicketLeft) {
+		if wait.OutcomeUnknown(err) {
 			l.forget(ctx, key, owner)
 		}
 		if ctx.Err() != nil {
-			return nil, nil, l.b.Errorf(op, name, sqllock.ErrNotAcquired, ctx.Err())
+			return nil, nil, nil, l.b.Errorf(op, name, sqllock.ErrNotAcquired, ctx.Err())
 		}
 		if sqlerr.Transient(err) {
-			return nil, nil, l.b.Errorf(op, name, sqllock.ErrNotAcquired, err)
+			return nil, nil, nil, l.b.Errorf(op, name, sqllock.ErrNotAcquired, err)
 		}
-		return nil, nil, l.b.Errorf(op, name, nil, err)
+		return nil, nil, nil, l.b.Errorf(op, name, nil, err)
 	}
-	return l.newLease(name, key, owner, ticket, tm, start), first, nil
+	return l.newLease(name, key, owner, ticket, tm, start), first, turn, nil
 }
 
-// errTicketLeft marks a draw that failed after its ticket was inserted and could not
-// take it out.
-var errTicketLeft = errors.New("a ticket was drawn but the draw failed")
+// drawOn is the MySQL draw on the session of turn t (enqueueLineMySQLFmt), which then
+// holds the lock of the ticket drawn: taken before the ticket is visible, so its
+// successors' looks find it held.
+func (l *Locker) drawOn(ctx context.Context, t *wait.Turn, key []byte, name string, owner []byte, ttl time.Duration) (int64, time.Time, *look, error) {
+	k := namekey.MySQLHex(key)
+	q := fmt.Sprintf(enqueueLineMySQLFmt, k, namekey.MySQLHex(owner), ttl.Microseconds(), namekey.MySQLHex([]byte(l.b.Host)), l.b.PID,
+		wait.MyTicketName(k, enqueueNumberMySQL))
+	for created := false; ; {
+		start := l.b.Now()
+		var res sql.Result
+		err := t.Run(ctx, "fairqueue draw", func(qctx context.Context, conn *sql.Conn) error {
+			var err error
+			res, err = conn.ExecContext(qctx, q)
+			return err
+		})
+		if sqlerr.Is(err, sqlerr.Duplicate) {
+			// A concurrent draw took the number first (see enqueueMySQL): the caller
+			// discards the session and draws in a transaction.
+			return 0, start, nil, err
+		}
+		if err != nil {
+			return 0, start, nil, err
+		}
+		n, err := res.RowsAffected()
+		if err != nil {
+			return 0, start, nil, err
+		}
+		if n == 0 && !created {
+			if _, err := l.b.Stmts.Exec(ctx, createMySQL, key, []byte(name)); err != nil {
+				return 0, start, nil, err
+			}
+			created = true
+			continue
+		}
+		if n == 0 {
+			return 0, start, nil, errors.New("fairqueue: the ticket dispenser of the name is missing")
+		}
+		t.Entered() // it holds its ticket's lock
+		id, err := res.LastInsertId()
+		ticket, first := drawn(id)
+		return ticket, start, first, err
+	}
+}
+
+// drawn decodes a MySQL draw's insert id (enqueueTicketMySQL): the ticket, and the
+// look the draw answered if no other ticket of the name was there (else nil).
+func drawn(id int64) (int64, *look) {
+	if id%2 == 1 {
+		return id / 2, &look{}
+	}
+	return id / 2, nil
+}
 
 // draw inserts a ticket and returns its number, when the statement that set its
-// expiry was sent, and, on PostgreSQL, the look at its predecessors that the draw's
-// statement made (see enqueuePostgres); nil on MySQL.
+// expiry was sent, and the look at its predecessors that the draw's statement made
+// (see enqueuePostgres; on MySQL only when there were none, enqueueTicketMySQL), or
+// nil.
 func (l *Locker) draw(ctx context.Context, key []byte, name string, owner []byte, ttl time.Duration) (int64, time.Time, *look, error) {
 	us := ttl.Microseconds()
 	start := l.b.Now()
@@ -302,9 +375,8 @@ func (l *Locker) draw(ctx context.Context, key []byte, name string, owner []byte
 		start = l.b.Now()
 		res, err := l.b.Stmts.Exec(ctx, enqueueMySQL, key, owner, us, l.b.Host, l.b.PID, key)
 		if sqlerr.Is(err, sqlerr.Duplicate) {
-			// A concurrent draw took the dispenser's number first (or an owner died
-			// between its two statements): draw in a transaction instead, which holds
-			// the dispenser until the ticket commits.
+			// A concurrent draw took the number first (see enqueueMySQL): draw in a
+			// transaction instead, which holds the dispenser until the ticket commits.
 			t, start, err := l.drawTx(ctx, key, name, owner, us)
 			return t, start, nil, err
 		}
@@ -325,21 +397,9 @@ func (l *Locker) draw(ctx context.Context, key []byte, name string, owner []byte
 		if n == 0 {
 			return 0, start, nil, errors.New("fairqueue: the ticket dispenser of the name is missing")
 		}
-		t, err := res.LastInsertId()
-		if err != nil {
-			return 0, start, nil, err
-		}
-		if _, err = l.b.Stmts.Exec(ctx, bumpMySQL, t, key); err != nil {
-			// The ticket is in, the dispenser not bumped (a deadlock; on Galera a
-			// certification conflict): take the ticket out, or a retry, which draws
-			// another ticket for this owner, would wait behind it until it expires.
-			if _, derr := l.b.Stmts.Exec(ctx, forgetMySQL, key, owner); derr != nil {
-				// Not transient (the causes are not wrapped): no retry draws behind it;
-				// enqueue forgets the owner's tickets instead.
-				return 0, start, nil, fmt.Errorf("%w: %v (removing its ticket: %v)", errTicketLeft, err, derr)
-			}
-		}
-		return t, start, nil, err
+		id, err := res.LastInsertId()
+		t, first := drawn(id)
+		return t, start, first, err
 	}
 }
 
@@ -376,8 +436,9 @@ func (l *Locker) drawTx(ctx context.Context, key []byte, name string, owner []by
 // released (a NOTIFY with its ticket on PostgreSQL, a release in this process), when
 // the release that made it a holder names its ticket (then it is granted without a
 // statement), when the nearest one's lease would expire (a dead owner), or after a
-// poll. first is the look its draw answered, or nil. With block false it looks once.
-// It returns errTicketLost if the ticket died meanwhile.
+// poll. first is the look its draw answered, or nil; turn the turn whose session
+// drew the ticket, or nil. With block false it looks once. It returns errTicketLost
+// if the ticket died meanwhile.
 //
 // On MySQL, which has no notifications, a lock's waiter found contended waits in the
 // server instead of polling (see enterLine): its session holds a lock named after
@@ -388,16 +449,16 @@ func (l *Locker) drawTx(ctx context.Context, key []byte, name string, owner []by
 // who holds the lock. A predecessor whose lock is free while it is live (it waits
 // without one: no turn was to be had, or it was granted without waiting) is polled
 // for as before.
-func (l *Locker) waitTurn(ctx context.Context, le *Lease, block bool, first *look) (granted bool, err error) {
+func (l *Locker) waitTurn(ctx context.Context, le *Lease, block bool, first *look, turn *wait.Turn) (granted bool, err error) {
 	seen := new(sighting)
 	lk := first
-	var lw lineWait
+	lw := lineWait{turn: turn}
 	defer func() {
 		// The release deletes the ticket and gives its lock back in one statement on
 		// the turn's session, granted or not.
 		le.turn.Store(lw.turn)
 	}()
-	enter := block && l.b.Line != nil && l.b.Line.Contended(string(le.key))
+	enter := block && l.b.Line != nil && (turn != nil || l.b.Line.Contended(string(le.key)))
 	for attempt := 0; ; attempt++ {
 		if le.core.Err() != nil {
 			return false, errTicketLost
@@ -445,9 +506,11 @@ func (l *Locker) waitTurn(ctx context.Context, le *Lease, block bool, first *loo
 			if len(lk.preds) > 0 {
 				lw.pred = lk.preds[0].ticket
 			}
-			if !enter || (lw.entered && !lw.free) {
+			if !enter || (lw.entered && (!lw.free || lk.position > 1 && lw.frees == 1)) {
 				// Contended: wait in the server from now on; or the predecessor it
-				// waited for went: wait for the next one. At once.
+				// waited for went: wait for the next one. At once; also once when a
+				// predecessor that waits did not hold its lock yet (it takes it in the
+				// statement after its draw).
 				enter, lk = true, nil
 				continue
 			}
@@ -477,6 +540,7 @@ type lineWait struct {
 	pred    int64      // the predecessor whose lock the next entry waits for (0: the ticket below its own)
 	entered bool       // the last entry waited for its predecessor's lock and got it
 	free    bool       // and that predecessor is still live: it does not hold its lock
+	frees   int        // entries in a row that found their predecessor's lock free
 	off     bool       // an entry failed: this acquisition waits without the line
 }
 
@@ -501,10 +565,10 @@ func (l *Locker) enterLine(ctx context.Context, le *Lease, lw *lineWait) (*look,
 	defer cancel()
 	k := namekey.MySQLHex(le.key)
 	predName := wait.MyTicketName(k, strconv.FormatInt(p, 10))
-	q := fmt.Sprintf(lineLookMySQLFmt, wait.MyTicketName(k, strconv.FormatInt(le.number, 10)), wait.MyEnter(predName, w), k, le.number)
-	var joined, nearest, live, dead, left int64
+	q := fmt.Sprintf(lineLookMySQLFmt, wait.MyTicketName(k, strconv.FormatInt(le.number, 10)), wait.MyEnter(predName, w), k, le.number, predName)
+	var joined, nearest, live, dead, left, gaveBack int64
 	err := t.Run(actx, "fairqueue line", func(qctx context.Context, conn *sql.Conn) error {
-		return conn.QueryRowContext(qctx, q).Scan(&joined, &nearest, &live, &dead, &left)
+		return conn.QueryRowContext(qctx, q).Scan(&joined, &nearest, &live, &dead, &left, &gaveBack)
 	})
 	if err != nil {
 		// The session may hold locks or not: discard it (the server frees what it
@@ -517,24 +581,21 @@ func (l *Locker) enterLine(ctx context.Context, le *Lease, lw *lineWait) (*look,
 		if !sqlerr.Transient(err) {
 			lw.off = true
 			l.b.Cfg.Logger.Debug("sqllock/fairqueue: entering the server-side line failed; waiting without it", "err", err)
+			if !wait.OutcomeUnknown(err) {
+				l.b.Line.Off("entering the line failed: " + err.Error())
+			}
 		}
 		return nil, nil
 	}
-	t.Entered() // it holds its ticket lock, and its predecessor's if it got it
+	t.Entered() // it holds its ticket lock
 	if joined == 0 {
 		return nil, nil
 	}
 	lw.entered, lw.free = true, nearest == p
-	if lw.free && live > 1 {
-		// The predecessor, a waiter, did not hold its lock: let it take it (at its
-		// next entry) rather than keep it from it.
-		err := t.Run(ctx, "fairqueue line", func(qctx context.Context, conn *sql.Conn) error {
-			_, err := conn.ExecContext(qctx, "DO RELEASE_LOCK("+predName+"), RELEASE_LOCK("+predName+")")
-			return err
-		})
-		if err != nil && ctx.Err() != nil {
-			return nil, ctx.Err()
-		}
+	if lw.free {
+		lw.frees++
+	} else {
+		lw.frees = 0
 	}
 	lk := &look{position: int(live), dead: dead > 0}
 	if nearest > 0 {
@@ -679,6 +740,9 @@ func (l *Locker) forget(ctx context.Context, key, owner []byte) {
 			_, _, err := l.runRelease(ctx, forgetPostgres, key, owner, l.permits)
 			return err
 		}
+		if _, err := l.b.Stmts.Exec(ctx, bumpOwnerMySQL, key, owner, key); err != nil {
+			return err
+		}
 		_, err := l.b.Stmts.Exec(ctx, forgetMySQL, key, owner)
 		return err
 	}, l.b.Cfg.Logger)
@@ -789,6 +853,9 @@ func (s *Sweeper) SweepBatch(ctx context.Context, limit int) (deleted int, more 
 		return 0, false, err
 	}
 	for _, c := range cands {
+		if _, err := s.db.ExecContext(ctx, bumpMySQL, c.ticket, c.key); err != nil {
+			return deleted, false, err
+		}
 		res, err := s.db.ExecContext(ctx, sweepDeleteMySQL, c.key, c.ticket, us)
 		if err != nil {
 			return deleted, false, err

@@ -200,12 +200,22 @@ func (k keeper) GiveBack(ctx context.Context, lost bool) error {
 	if b.Dialect == sqllock.MySQL {
 		if tn := t.turn.Swap(nil); tn != nil {
 			n, err := t.releaseInLine(ctx, tn)
-			// Gives the line lock back unless the release did; a session that failed
+			// Gives the ticket lock back unless the release did; a session that failed
 			// is discarded, which frees it.
 			tn.Leave(ctx)
 			if err == nil {
 				return rowlease.Released(n, nil, lost, "the ticket")
 			}
+		}
+		if b.Line != nil && b.Line.Contended(string(t.key)) {
+			// Likely not the last ticket: delete it without moving the dispenser on.
+			n, err := b.Changed(ctx, nil, releaseAfterMySQL, t.key, t.number, t.owner, t.key)
+			if err != nil || n > 0 {
+				return rowlease.Released(n, err, lost, "the ticket")
+			}
+		}
+		if _, err := b.Changed(ctx, nil, bumpMySQL, t.number, t.key); err != nil {
+			return rowlease.Released(0, err, lost, "the ticket")
 		}
 		n, err := b.Changed(ctx, nil, releaseMySQL, t.key, t.number, t.owner)
 		return rowlease.Released(n, err, lost, "the ticket")
@@ -222,19 +232,29 @@ func (k keeper) GiveBack(ctx context.Context, lost bool) error {
 	return rowlease.Released(n, err, lost, "the ticket")
 }
 
-// releaseInLine deletes the ticket on the session of turn tn, which holds the MySQL
-// line lock: the statement gives the line lock back too (releaseLineMySQLFmt).
+// releaseInLine deletes the ticket on the session of turn tn, which holds the
+// ticket's lock: the statement gives the lock back too (releaseLineMySQLFmt). A
+// ticket that waited is seldom the last: it is deleted if a higher one is left;
+// otherwise the dispenser is moved past it first (see enqueueMySQL).
 func (t *ticket) releaseInLine(ctx context.Context, tn *wait.Turn) (int64, error) {
-	q := fmt.Sprintf(releaseLineMySQLFmt, namekey.MySQLHex(t.key), t.number, namekey.MySQLHex(t.owner))
-	var n int64
-	err := tn.Run(ctx, "fairqueue release", func(qctx context.Context, conn *sql.Conn) error {
-		res, err := conn.ExecContext(qctx, q)
-		if err != nil {
+	k := namekey.MySQLHex(t.key)
+	run := func(q string) (n int64, err error) {
+		err = tn.Run(ctx, "fairqueue release", func(qctx context.Context, conn *sql.Conn) error {
+			res, err := conn.ExecContext(qctx, q)
+			if err != nil {
+				return err
+			}
+			n, err = res.RowsAffected()
 			return err
+		})
+		return n, err
+	}
+	n, err := run(fmt.Sprintf(releaseLineMySQLFmt, k, t.number, namekey.MySQLHex(t.owner), fmt.Sprintf(releaseLineAfter, k)))
+	if err == nil && n == 0 {
+		if _, err = run(fmt.Sprintf(bumpLineMySQLFmt, t.number, k)); err == nil {
+			n, err = run(fmt.Sprintf(releaseLineMySQLFmt, k, t.number, namekey.MySQLHex(t.owner), ""))
 		}
-		n, err = res.RowsAffected()
-		return err
-	})
+	}
 	if err == nil && n > 0 {
 		tn.Released(true, false)
 	}

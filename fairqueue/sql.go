@@ -79,27 +79,57 @@ FROM d, LATERAL sqllock_fairqueue_next($1, d.ticket, ` + permits + `) n`
 }
 
 const (
-	// MySQL has no statement that writes two tables, so a ticket is drawn in two:
-	// enqueueMySQL inserts the ticket numbered past both the dispenser (read under a
-	// shared lock held until the statement commits) and the highest ticket of the
-	// name (its number is the statement's insert id), then bumpMySQL moves the
-	// dispenser past it, so that the number is never drawn again, even once every
-	// ticket of the name is deleted. Under REPEATABLE READ, MySQL's default, an
-	// INSERT ... SELECT reads with shared locks: the read of the highest ticket waits
-	// for a ticket being inserted to commit, so a number is drawn only once every
-	// lower ticket is visible, and tickets become visible in their order (a draw
-	// that came between another's two statements does not meet its number). A draw
-	// that meets a ticket of its number anyway (under READ COMMITTED, whose read does
-	// not wait; or one whose owner died between its statements) gets a duplicate key
-	// and draws in a transaction instead (drawTx); so no number is granted twice.
+	// enqueueMySQL draws a ticket in one statement: it inserts the ticket numbered
+	// past both the dispenser and the highest ticket of the name (its number is in
+	// the statement's insert id, enqueueTicketMySQL). The dispenser row stays locked until the statement
+	// commits: the next draw of the name waits for it, then reads the highest ticket,
+	// so a number is drawn only once every lower ticket is visible, and tickets become
+	// visible in their order (as on PostgreSQL; under REPEATABLE READ, MySQL's
+	// default, an INSERT ... SELECT also reads the tickets with shared locks, which
+	// wait for a ticket being inserted). A draw that meets a ticket of its number
+	// anyway gets a duplicate key and draws in a transaction instead (drawTx); so no
+	// number is drawn twice.
+	//
+	// The dispenser only remembers the numbers of deleted tickets: a ticket that may
+	// be the highest of its name is deleted only after bumpMySQL moved the dispenser
+	// past it (the release of the last ticket, a forget, the sweep). A release that
+	// finds a higher ticket deletes without it (releaseAfterMySQL): the highest
+	// ticket stays, and whoever deletes that one moves the dispenser first. So the
+	// next number, the greater of the two, never goes down, and no number is granted
+	// twice. (Before this, every draw moved the dispenser on in a statement of its
+	// own; a reaper of that version deletes a dead last ticket without it: upgrade the
+	// reaper with the Lockers.)
 	//
 	// ? key, owner, TTL µs, host, pid, key.
 	enqueueMySQL = `INSERT INTO sqllock_ticket (lock_key, ticket, owner, created_at, expires_at, host, pid)
-SELECT ?, LAST_INSERT_ID(GREATEST(q.next_ticket, COALESCE((SELECT MAX(t.ticket) FROM sqllock_ticket t WHERE t.lock_key = q.lock_key), 0) + 1)),
+SELECT ?, ` + enqueueTicketMySQL + `,
   ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, ?, ?
-FROM sqllock_queue q WHERE q.lock_key = ? LOCK IN SHARE MODE`
+FROM sqllock_queue q WHERE q.lock_key = ? FOR UPDATE`
+	// enqueueLineMySQLFmt is enqueueMySQL as text for a turn's session (%[1]s key,
+	// %[2]s owner, %[3]d TTL µs, %[4]s host, %[5]d pid), which also takes the lock
+	// of the ticket drawn (%[6]s: wait.MyTicketName of enqueueNumberMySQL) once the
+	// dispenser row is locked (the condition reads its columns), before the ticket
+	// commits: no successor can find the ticket without its lock held.
+	enqueueLineMySQLFmt = `INSERT INTO sqllock_ticket (lock_key, ticket, owner, created_at, expires_at, host, pid)
+SELECT q.lock_key, ` + enqueueTicketMySQL + `,
+  %[2]s, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL %[3]d MICROSECOND, %[4]s, %[5]d
+FROM sqllock_queue q WHERE q.lock_key = %[1]s AND GET_LOCK(%[6]s, 0) IS NOT NULL FOR UPDATE`
+	// enqueueTicketMySQL is the ticket column of a draw: its number, and the insert
+	// id 2 * the number + 1 if the name has no other ticket (the draw holds the lock
+	// then: no look is needed), + 0 otherwise. The SELECT of an INSERT ... SELECT
+	// reading the table it inserts into is read whole before the insert.
+	enqueueTicketMySQL = `LAST_INSERT_ID(2 * ` + enqueueNumberMySQL + ` + (NOT EXISTS (SELECT 1 FROM sqllock_ticket o WHERE o.lock_key = q.lock_key))) DIV 2`
+	// enqueueNumberMySQL is the number a draw takes (q: the dispenser's row).
+	enqueueNumberMySQL = `GREATEST(q.next_ticket, COALESCE((SELECT MAX(t.ticket) FROM sqllock_ticket t WHERE t.lock_key = q.lock_key), 0) + 1)`
 	// ? ticket, key.
 	bumpMySQL = `UPDATE sqllock_queue SET next_ticket = GREATEST(next_ticket, ? + 1) WHERE lock_key = ?`
+	// bumpLineMySQLFmt is bumpMySQL as text for a turn's session (%[1]d ticket,
+	// %[2]s key).
+	bumpLineMySQLFmt = `UPDATE sqllock_queue SET next_ticket = GREATEST(next_ticket, %[1]d + 1) WHERE lock_key = %[2]s`
+	// bumpOwnerMySQL moves the dispenser past the tickets of an owner (forget).
+	// ? key, owner, key.
+	bumpOwnerMySQL = `UPDATE sqllock_queue SET next_ticket = GREATEST(next_ticket,
+  COALESCE((SELECT MAX(t.ticket) FROM sqllock_ticket t WHERE t.lock_key = ? AND t.owner = ?), 0) + 1) WHERE lock_key = ?`
 	// The statements of drawTx: lock the dispenser, read the highest ticket.
 	drawTxLockMySQL    = `SELECT next_ticket FROM sqllock_queue WHERE lock_key = ? FOR UPDATE`
 	drawTxHighestMySQL = `SELECT COALESCE(MAX(ticket), 0) FROM sqllock_ticket WHERE lock_key = ?`
@@ -137,24 +167,32 @@ WHERE lock_key = $1 AND ticket = $2 AND owner = $3 AND expires_at > clock_timest
 	renewMySQL = `UPDATE sqllock_ticket SET expires_at = GREATEST(expires_at + INTERVAL 1 MICROSECOND, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)
 WHERE lock_key = ? AND ticket = ? AND owner = ? AND expires_at > UTC_TIMESTAMP(6)`
 
-	// releaseMySQL deletes the ticket (see releasePostgresSQL for PostgreSQL).
-	releaseMySQL = `DELETE FROM sqllock_ticket WHERE lock_key = ? AND ticket = ? AND owner = ?`
+	// releaseMySQL deletes the ticket (see releasePostgresSQL for PostgreSQL), once
+	// bumpMySQL moved the dispenser past it; releaseAfterMySQL deletes it only if a
+	// higher ticket is left, without the bump (see enqueueMySQL). The highest
+	// ticket's read is a derived table, which MySQL materialises (a subquery on the
+	// table a DELETE deletes from is refused). ? key, ticket, owner (, key).
+	releaseMySQL      = `DELETE FROM sqllock_ticket WHERE lock_key = ? AND ticket = ? AND owner = ?`
+	releaseAfterMySQL = releaseMySQL + ` AND ticket < (SELECT m FROM (SELECT MAX(ticket) AS m FROM sqllock_ticket WHERE lock_key = ?) x)`
 
 	// The MySQL line of a lock (permits 1; see Locker.enterLine): text for a turn's
 	// session, with the values in it (hexadecimal literals and numbers).
 	//
 	// lineLookMySQLFmt takes the waiter's ticket lock (%[1]s, wait.MyTicketName) if it
-	// is free, waits for its predecessor's (%[2]s, wait.MyEnter of that name), and then
-	// looks at the tickets below the waiter's (%[3]s key, %[4]d ticket), in one row:
-	// the rows it joined (0 when the wait ran out: no look was made), the nearest live
-	// ticket (0: none), how many are live and how many dead, and the least time left
-	// of a live one (µs). The two derived tables have no table: they are read, in
+	// is free, waits for its predecessor's (%[2]s, wait.MyEnter of that name, %[5]s),
+	// and then looks at the tickets below the waiter's (%[3]s key, %[4]d ticket), in
+	// one row: the rows it joined (0 when the wait ran out: no look was made), the
+	// nearest live ticket (0: none), how many are live and how many dead, and the
+	// least time left of a live one (µs); and it gives the predecessor's lock back
+	// (the entry takes it twice), as the row is sent, after the look: a waiter never
+	// keeps another ticket's lock. The two derived tables have no table: they are read, in
 	// their order, before the statement reads one, so no row lock is held while it
 	// waits. The look is a locking read: a release that gave its ticket lock back
 	// before its delete committed (releaseLineMySQLFmt) is waited for, and then seen.
 	lineLookMySQLFmt = `SELECT COUNT(*), COALESCE(MAX(IF(t.expires_at > UTC_TIMESTAMP(6), t.ticket, NULL)), 0),
   COALESCE(SUM(t.expires_at > UTC_TIMESTAMP(6)), 0), COALESCE(SUM(t.expires_at <= UTC_TIMESTAMP(6)), 0),
-  COALESCE(MIN(IF(t.expires_at > UTC_TIMESTAMP(6), TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), t.expires_at), NULL)), 0)
+  COALESCE(MIN(IF(t.expires_at > UTC_TIMESTAMP(6), TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), t.expires_at), NULL)), 0),
+  COALESCE(RELEASE_LOCK(%[5]s), 0) + COALESCE(RELEASE_LOCK(%[5]s), 0)
 FROM (SELECT GET_LOCK(%[1]s, 0) AS own) o, %[2]s e
 LEFT JOIN sqllock_ticket t ON t.lock_key = %[3]s AND t.ticket < %[4]d LOCK IN SHARE MODE`
 	// releaseLineMySQLFmt deletes the ticket (%[1]s key, %[2]d ticket, %[3]s owner)
@@ -162,11 +200,15 @@ LEFT JOIN sqllock_ticket t ON t.lock_key = %[3]s AND t.ticket < %[4]d LOCK IN SH
 	// locks back once the row is locked (the condition reads a column that only the locked
 	// row gives: MySQL 9.7 evaluates one without a column of the row before it locks
 	// the row), before the delete commits; it stays held if no row matched.
-	releaseLineMySQLFmt = `DELETE FROM sqllock_ticket WHERE lock_key = %[1]s AND ticket = %[2]d AND owner = %[3]s
+	releaseLineMySQLFmt = `DELETE FROM sqllock_ticket WHERE lock_key = %[1]s AND ticket = %[2]d AND owner = %[3]s%[4]s
   AND RELEASE_ALL_LOCKS() + LENGTH(created_at) > 0`
+	// releaseLineAfter is releaseLineMySQLFmt's %[4]s for a release without the bump
+	// (releaseAfterMySQL's condition, %[1]s the key): "" for one after it.
+	releaseLineAfter = ` AND ticket < (SELECT m FROM (SELECT MAX(ticket) AS m FROM sqllock_ticket WHERE lock_key = %[1]s) x)`
 
 	// forgetMySQL deletes the tickets of an acquisition whose enqueue outcome the
-	// caller never learnt and that it gave up (owners are unique per acquisition).
+	// caller never learnt and that it gave up (owners are unique per acquisition),
+	// once bumpOwnerMySQL moved the dispenser past them.
 	forgetMySQL = `DELETE FROM sqllock_ticket WHERE lock_key = ? AND owner = ?`
 
 	// check is the fencing check, run as the last statement of the caller's
@@ -189,7 +231,8 @@ LEFT JOIN sqllock_ticket t ON t.lock_key = %[3]s AND t.ticket < %[4]d LOCK IN SH
 )
 SELECT (SELECT count(*) FROM c), (SELECT count(*) FROM d)`
 	// MySQL: candidates by a plain read, then deleted one by one by primary key,
-	// re-checked (see uniqueindex's sweep for why no range is locked).
+	// re-checked (see uniqueindex's sweep for why no range is locked), each once
+	// bumpMySQL moved the dispenser past it (see enqueueMySQL).
 	sweepSelectMySQL = `SELECT lock_key, ticket FROM sqllock_ticket WHERE expires_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND
 ORDER BY expires_at LIMIT ?`
 	sweepDeleteMySQL = `DELETE FROM sqllock_ticket WHERE lock_key = ? AND ticket = ? AND expires_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND`
