@@ -291,19 +291,26 @@ func (l *Locker) drawOn(ctx context.Context, t *wait.Turn, key []byte, name stri
 	k := namekey.MySQLHex(key)
 	q := fmt.Sprintf(enqueueLineMySQLFmt, k, namekey.MySQLHex(owner), ttl.Microseconds(), namekey.MySQLHex([]byte(l.b.Host)), l.b.PID,
 		wait.MyTicketName(k, enqueueNumberMySQL))
-	for created := false; ; {
-		start := l.b.Now()
-		var res sql.Result
-		err := t.Run(ctx, "fairqueue draw", func(qctx context.Context, conn *sql.Conn) error {
-			var err error
+	ticket, start, first, err := l.drawMySQL(ctx, key, name, func() (res sql.Result, err error) {
+		err = t.Run(ctx, "fairqueue draw", func(qctx context.Context, conn *sql.Conn) error {
 			res, err = conn.ExecContext(qctx, q)
 			return err
 		})
-		if sqlerr.Is(err, sqlerr.Duplicate) {
-			// A concurrent draw took the number first (see enqueueMySQL): the caller
-			// discards the session and draws in a transaction.
-			return 0, start, nil, err
-		}
+		return res, err
+	})
+	if err == nil {
+		t.Entered() // it holds its ticket's lock
+	}
+	return ticket, start, first, err
+}
+
+// drawMySQL runs a MySQL draw statement until the name has a dispenser (it creates
+// it), and decodes its answer (see draw). An error, a duplicate key included, is
+// returned as is.
+func (l *Locker) drawMySQL(ctx context.Context, key []byte, name string, run func() (sql.Result, error)) (int64, time.Time, *look, error) {
+	for created := false; ; {
+		start := l.b.Now()
+		res, err := run()
 		if err != nil {
 			return 0, start, nil, err
 		}
@@ -321,10 +328,9 @@ func (l *Locker) drawOn(ctx context.Context, t *wait.Turn, key []byte, name stri
 		if n == 0 {
 			return 0, start, nil, errors.New("fairqueue: the ticket dispenser of the name is missing")
 		}
-		t.Entered() // it holds its ticket's lock
 		id, err := res.LastInsertId()
-		ticket, first := drawn(id)
-		return ticket, start, first, err
+		t, first := drawn(id)
+		return t, start, first, err
 	}
 }
 
@@ -371,36 +377,16 @@ func (l *Locker) draw(ctx context.Context, key []byte, name string, owner []byte
 		lk.position = len(lk.preds)
 		return t, start, &lk, nil
 	}
-	for created := false; ; {
-		start = l.b.Now()
-		res, err := l.b.Stmts.Exec(ctx, enqueueMySQL, key, owner, us, l.b.Host, l.b.PID, key)
-		if sqlerr.Is(err, sqlerr.Duplicate) {
-			// A concurrent draw took the number first (see enqueueMySQL): draw in a
-			// transaction instead, which holds the dispenser until the ticket commits.
-			t, start, err := l.drawTx(ctx, key, name, owner, us)
-			return t, start, nil, err
-		}
-		if err != nil {
-			return 0, start, nil, err
-		}
-		n, err := res.RowsAffected()
-		if err != nil {
-			return 0, start, nil, err
-		}
-		if n == 0 && !created {
-			if _, err := l.b.Stmts.Exec(ctx, createMySQL, key, []byte(name)); err != nil {
-				return 0, start, nil, err
-			}
-			created = true
-			continue
-		}
-		if n == 0 {
-			return 0, start, nil, errors.New("fairqueue: the ticket dispenser of the name is missing")
-		}
-		id, err := res.LastInsertId()
-		t, first := drawn(id)
-		return t, start, first, err
+	t, start, first, err := l.drawMySQL(ctx, key, name, func() (sql.Result, error) {
+		return l.b.Stmts.Exec(ctx, enqueueMySQL, key, owner, us, l.b.Host, l.b.PID, key)
+	})
+	if sqlerr.Is(err, sqlerr.Duplicate) {
+		// A concurrent draw took the number first (see enqueueMySQL): draw in a
+		// transaction instead, which holds the dispenser until the ticket commits.
+		t, start, err := l.drawTx(ctx, key, name, owner, us)
+		return t, start, nil, err
 	}
+	return t, start, first, err
 }
 
 // drawTx is the MySQL draw in one transaction, taken when a concurrent draw took
