@@ -442,7 +442,7 @@ func (l *Locker) waitTurn(ctx context.Context, le *Lease, block bool, first *loo
 	defer func() {
 		// The release deletes the ticket and gives its lock back in one statement on
 		// the turn's session, granted or not.
-		le.turn.Store(lw.turn)
+		le.handTurn(ctx, lw.turn)
 	}()
 	enter := block && l.b.Line != nil && (turn != nil || l.b.Line.Contended(string(le.key)))
 	for attempt := 0; ; attempt++ {
@@ -452,7 +452,9 @@ func (l *Locker) waitTurn(ctx context.Context, le *Lease, block bool, first *loo
 		var err error
 		lw.entered = false
 		if lk == nil && enter && !lw.off {
-			lk, err = l.enterLine(ctx, le, &lw)
+			if lk, err = l.enterLine(ctx, le, &lw); lk == nil && err == nil && le.core.Err() != nil {
+				return false, errTicketLost
+			}
 		}
 		if lk == nil && err == nil {
 			lk, err = l.predecessors(ctx, le)
@@ -506,7 +508,13 @@ func (l *Locker) waitTurn(ctx context.Context, le *Lease, block bool, first *loo
 		if lk != nil {
 			preds, place = lk.preds, lk.position-l.permits+1
 		}
-		granted, err := l.sleep(ctx, le, preds, seen, place, attempt, err != nil)
+		longest := time.Duration(0)
+		if lw.turn != nil {
+			// The turn's session is ended by the server once idle for the TTL: look
+			// (a statement on it) before that.
+			longest = le.ttl / 3
+		}
+		granted, err := l.sleep(ctx, le, preds, seen, place, attempt, err != nil, longest)
 		if err != nil {
 			return false, err
 		}
@@ -549,6 +557,15 @@ func (l *Locker) enterLine(ctx context.Context, le *Lease, lw *lineWait) (*look,
 	}
 	actx, cancel, w := l.b.Line.EntryContext(ctx, l.b.Cfg.Attempt)
 	defer cancel()
+	// A ticket lost while it waits (its renewals failed for a TTL) has been deleted:
+	// stop waiting at once (the session, discarded, gives its lock to the successor).
+	go func() {
+		select {
+		case <-le.core.Done():
+			cancel()
+		case <-actx.Done():
+		}
+	}()
 	k := namekey.MySQLHex(le.key)
 	predName := wait.MyTicketName(k, strconv.FormatInt(p, 10))
 	q := fmt.Sprintf(lineLookMySQLFmt, wait.MyTicketName(k, strconv.FormatInt(le.number, 10)), wait.MyEnter(predName, w), k, le.number, predName)
@@ -675,9 +692,9 @@ func (l *Locker) dropDead(ctx context.Context, le *Lease) error {
 func grantEvent(ticket int64) string { return "g" + strconv.FormatInt(ticket, 10) }
 
 // sleep waits for the release of one of preds (their topics), the grant of le's
-// ticket, the nearest one's expiry, a poll, the ticket's own loss, or ctx. It reports
-// whether le's ticket was granted.
-func (l *Locker) sleep(ctx context.Context, le *Lease, preds []pred, seen *sighting, place, attempt int, failed bool) (bool, error) {
+// ticket, the nearest one's expiry, a poll (at most longest, if set), the ticket's own
+// loss, or ctx. It reports whether le's ticket was granted.
+func (l *Locker) sleep(ctx context.Context, le *Lease, preds []pred, seen *sighting, place, attempt int, failed bool, longest time.Duration) (bool, error) {
 	wake := make(chan struct{}, 1)
 	grant := wait.Topic(le.key, grantEvent(le.number))
 	topics := make([]string, len(preds), len(preds)+1)
@@ -700,6 +717,9 @@ func (l *Locker) sleep(ctx context.Context, le *Lease, preds []pred, seen *sight
 		if p.left > 0 && p.left+time.Millisecond < d {
 			d = p.left + time.Millisecond
 		}
+	}
+	if longest > 0 {
+		d = min(d, longest)
 	}
 	t := time.NewTimer(d)
 	defer t.Stop()

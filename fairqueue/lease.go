@@ -38,10 +38,14 @@ type ticket struct {
 	// grantee is the ticket that the release of this one made a holder, or 0
 	// (PostgreSQL, see releasePostgresSQL).
 	grantee atomic.Int64
-	// turn is the MySQL turn whose session holds the ticket's lock, for a ticket that
-	// waited in the line (see waitTurn), or nil; set once waitTurn is done with it: the
-	// renewals then run on that session, and the release gives the lock back.
-	turn atomic.Pointer[wait.Turn]
+	// turnMu guards turn and gaveBack. turn is the MySQL turn whose session holds the
+	// ticket's lock, for a ticket that waited in the line (see waitTurn), or nil;
+	// handed over once waitTurn is done with it: the renewals then run on that
+	// session, and the give-back gives the lock back. gaveBack: the give-back ran (a
+	// lease lost while it waited): a turn handed over later is given up at once.
+	turnMu   sync.Mutex
+	turn     *wait.Turn
+	gaveBack bool
 
 	mu    sync.Mutex
 	holds map[*Lease]bool // holds not yet released
@@ -192,13 +196,41 @@ func (k keeper) KeepAlive(ctx context.Context) (time.Duration, error) {
 	if b.Dialect == sqllock.Postgres {
 		return rowlease.Renewed(b.Changed(ctx, nil, renewPostgres, t.key, t.number, t.owner, us))
 	}
-	return rowlease.Renewed(b.Kept(ctx, t.turn.Load(), nil, renewMySQL, us, t.key, t.number, t.owner))
+	t.turnMu.Lock()
+	tn := t.turn
+	t.turnMu.Unlock()
+	return rowlease.Renewed(b.Kept(ctx, tn, nil, renewMySQL, us, t.key, t.number, t.owner))
+}
+
+// handTurn gives the ticket the turn its wait leaves (see turn), or, if the
+// ticket's give-back already ran, gives the turn up (its session's locks with it).
+func (t *ticket) handTurn(ctx context.Context, tn *wait.Turn) {
+	if tn == nil {
+		return
+	}
+	t.turnMu.Lock()
+	if !t.gaveBack {
+		t.turn, tn = tn, nil
+	}
+	t.turnMu.Unlock()
+	tn.Leave(ctx)
+}
+
+// takeTurn takes the ticket's turn for its give-back: later ones are given up by
+// handTurn.
+func (t *ticket) takeTurn() *wait.Turn {
+	t.turnMu.Lock()
+	defer t.turnMu.Unlock()
+	t.gaveBack = true
+	tn := t.turn
+	t.turn = nil
+	return tn
 }
 
 func (k keeper) GiveBack(ctx context.Context, lost bool) error {
 	t, b := k.le, k.le.l.b
 	if b.Dialect == sqllock.MySQL {
-		if tn := t.turn.Swap(nil); tn != nil {
+		if tn := t.takeTurn(); tn != nil {
 			n, err := t.releaseInLine(ctx, tn)
 			// Gives the ticket lock back unless the release did; a session that failed
 			// is discarded, which frees it.

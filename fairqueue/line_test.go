@@ -277,3 +277,74 @@ func TestSweptLastTicketNotDrawnAgain(t *testing.T) {
 		}
 	})
 }
+
+// TestMySQLLineWaiterLosesTicket: a waiter in the line loses its ticket while it
+// waits (deleted by hand here; its renewals failing for a TTL in life). Its session
+// gives its ticket's lock up at once, so the waiter behind it, which waits in the
+// server for that lock, is not held up; the waiter draws a new ticket behind it, and
+// no pooled connection stays out once the Lockers are closed.
+func TestMySQLLineWaiterLosesTicket(t *testing.T) {
+	d := sqllock.MySQL
+	ctx := testdb.Context(t, 2*time.Minute)
+	admin := testdb.Open(t, d)
+	const ttl = 3 * time.Second
+	opts := []fairqueue.Option{fairqueue.WithTTL(ttl), fairqueue.WithKeepalive(300 * time.Millisecond)}
+	a := newLocker(t, testdb.Open(t, d), d, opts...)
+	bDB := testdb.Open(t, d)
+	b, err := fairqueue.New(bDB, d, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newLocker(t, testdb.Open(t, d), d, opts...)
+	name := testdb.Name(t)
+
+	la, err := a.Acquire(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gotB := acquireAsync(ctx, b, name)
+	bTicket := la.Token() + 1
+	ticketLockTaken(t, admin, name, bTicket)
+	gotC := acquireAsync(ctx, c, name)
+	inUserLock(t, admin, name, bTicket)
+	if _, err := admin.ExecContext(ctx, "DELETE FROM sqllock_ticket WHERE lock_key = ? AND ticket = ?", namekey.Key(name), bTicket); err != nil {
+		t.Fatal(err)
+	}
+	// B's keep-alive finds its ticket gone; B gives the ticket's lock up and draws
+	// again, behind C.
+	deleted := time.Now()
+	for ticketLockHolder(t, admin, name, bTicket) != 0 {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if held := time.Since(deleted); held > ttl/2 {
+		t.Errorf("B's session kept its lost ticket's lock %v (keep-alive every 300ms)", held)
+	}
+	released := time.Now()
+	if err := la.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rc := <-gotC
+	lc := rc.must(t, "C")
+	if wait := rc.at.Sub(released); wait > ttl/2 {
+		t.Errorf("C got the lock %v after A's release: held up by B's lost ticket", wait)
+	}
+	select {
+	case r := <-gotB:
+		t.Fatalf("B got the lock while C held it: %v", r.err)
+	default:
+	}
+	if err := lc.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	lb := (<-gotB).must(t, "B")
+	if lb.Token() <= lc.Token() {
+		t.Errorf("B's new ticket %d not after C's %d", lb.Token(), lc.Token())
+	}
+	if err := lb.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	b.Close()
+	if n := bDB.Stats().InUse; n != 0 {
+		t.Errorf("%d of B's pooled connections still out after Close", n)
+	}
+}
