@@ -329,18 +329,27 @@ func (l *Locker) drawMySQL(ctx context.Context, key []byte, name string, run fun
 			return 0, start, nil, errors.New("fairqueue: the ticket dispenser of the name is missing")
 		}
 		id, err := res.LastInsertId()
+		if err != nil {
+			return 0, start, nil, err
+		}
 		t, first := drawn(id)
-		return t, start, first, err
+		if t < 1 {
+			// No ticket is 0: the insert id did not come through (a proxy?).
+			return 0, start, nil, fmt.Errorf("fairqueue: the draw answered insert id %d, no ticket", id)
+		}
+		return t, start, first, nil
 	}
 }
 
-// drawn decodes a MySQL draw's insert id (enqueueTicketMySQL): the ticket, and the
-// look the draw answered if no other ticket of the name was there (else nil).
+// drawn decodes a MySQL draw's insert id (enqueueTicketMySQL, an unsigned number):
+// the ticket, and the look the draw answered if no other ticket of the name was
+// there (else nil).
 func drawn(id int64) (int64, *look) {
-	if id%2 == 1 {
-		return id / 2, &look{}
+	u := uint64(id)
+	if u%2 == 1 {
+		return int64(u / 2), &look{}
 	}
-	return id / 2, nil
+	return int64(u / 2), nil
 }
 
 // draw inserts a ticket and returns its number, when the statement that set its

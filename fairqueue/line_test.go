@@ -348,3 +348,45 @@ func TestMySQLLineWaiterLosesTicket(t *testing.T) {
 		t.Errorf("%d of B's pooled connections still out after Close", n)
 	}
 }
+
+// TestLargeTickets: a name whose dispenser is at 2^62 (a number the MySQL draw's
+// answer, twice the ticket plus a flag, overflows in signed arithmetic) still draws:
+// tickets go up to 2^63-1.
+func TestLargeTickets(t *testing.T) {
+	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
+		ctx := testdb.Context(t, time.Minute)
+		admin := testdb.Open(t, d)
+		l := newLocker(t, testdb.Open(t, d), d)
+		name := testdb.Name(t)
+		le, err := l.Acquire(ctx, name) // the dispenser
+		if err != nil {
+			t.Fatal(err)
+		}
+		le.Release(ctx)
+		const big = int64(1) << 62
+		q := testdb.Rebind(d, "UPDATE sqllock_queue SET next_ticket = ? WHERE lock_key = ?")
+		if _, err := admin.ExecContext(ctx, q, big, namekey.Key(name)); err != nil {
+			t.Fatal(err)
+		}
+		le, err = l.Acquire(ctx, name) // alone
+		if err != nil {
+			t.Fatal(err)
+		}
+		if le.Token() != big {
+			t.Errorf("token %d, want %d", le.Token(), big)
+		}
+		if w, err := l.TryAcquire(ctx, name); err == nil { // a draw behind a holder
+			w.Release(ctx)
+			t.Fatal("TryAcquire of a held name succeeded")
+		}
+		le.Release(ctx)
+		next, err := l.Acquire(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer next.Release(ctx)
+		if next.Token() <= big+1 {
+			t.Errorf("token %d after %d and a TryAcquire's %d", next.Token(), big, big+1)
+		}
+	})
+}
