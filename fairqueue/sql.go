@@ -119,8 +119,10 @@ FROM sqllock_queue q WHERE q.lock_key = %[1]s AND GET_LOCK(%[6]s, 0) IS NOT NULL
 	// then: no look is needed), + 0 otherwise, in unsigned arithmetic (the insert id
 	// is an unsigned 64-bit number: every ticket up to 2^63-1 fits). The SELECT of
 	// an INSERT ... SELECT reading the table it inserts into is read whole before the
-	// insert.
-	enqueueTicketMySQL = `LAST_INSERT_ID(2 * CAST(` + enqueueNumberMySQL + ` AS UNSIGNED) + (NOT EXISTS (SELECT 1 FROM sqllock_ticket o WHERE o.lock_key = q.lock_key))) DIV 2`
+	// insert. Both reads of the name's tickets start from the highest: a read from the
+	// lowest would lock (REPEATABLE READ) the deleted tickets not yet purged, hundreds
+	// under load, and deadlock with the releases.
+	enqueueTicketMySQL = `LAST_INSERT_ID(2 * CAST(` + enqueueNumberMySQL + ` AS UNSIGNED) + ((SELECT MAX(o.ticket) FROM sqllock_ticket o WHERE o.lock_key = q.lock_key) IS NULL)) DIV 2`
 	// enqueueNumberMySQL is the number a draw takes (q: the dispenser's row).
 	enqueueNumberMySQL = `GREATEST(q.next_ticket, COALESCE((SELECT MAX(t.ticket) FROM sqllock_ticket t WHERE t.lock_key = q.lock_key), 0) + 1)`
 	// ? ticket, key.
