@@ -87,6 +87,7 @@ type Locker struct {
 
 	mu     sync.Mutex
 	owners map[string]*ticket // owner key + "\x00" + lock key -> the held ticket it re-enters
+	topped map[string]bool    // MySQL: the lock keys whose top row this Locker added (topMySQL)
 
 	pace pace // MySQL: the time between two grants of a name, as its waiters saw it
 }
@@ -308,6 +309,9 @@ func (l *Locker) drawOn(ctx context.Context, t *wait.Turn, key []byte, name stri
 // it), and decodes its answer (see draw). An error, a duplicate key included, is
 // returned as is.
 func (l *Locker) drawMySQL(ctx context.Context, key []byte, name string, run func() (sql.Result, error)) (int64, time.Time, *look, error) {
+	if err := l.top(ctx, key); err != nil {
+		return 0, l.b.Now(), nil, err
+	}
 	for created := false; ; {
 		start := l.b.Now()
 		res, err := run()
@@ -339,6 +343,26 @@ func (l *Locker) drawMySQL(ctx context.Context, key []byte, name string, run fun
 		}
 		return t, start, first, nil
 	}
+}
+
+// top adds the top row of key (see topMySQL) unless this Locker did already.
+func (l *Locker) top(ctx context.Context, key []byte) error {
+	l.mu.Lock()
+	done := l.topped[string(key)]
+	l.mu.Unlock()
+	if done {
+		return nil
+	}
+	if _, err := l.b.Stmts.Exec(ctx, topRowMySQL, key); err != nil {
+		return err
+	}
+	l.mu.Lock()
+	if l.topped == nil || len(l.topped) >= 4096 {
+		l.topped = map[string]bool{}
+	}
+	l.topped[string(key)] = true
+	l.mu.Unlock()
+	return nil
 }
 
 // drawn decodes a MySQL draw's insert id (enqueueTicketMySQL, an unsigned number):

@@ -122,9 +122,9 @@ FROM sqllock_queue q WHERE q.lock_key = %[1]s AND GET_LOCK(%[6]s, 0) IS NOT NULL
 	// insert. Both reads of the name's tickets start from the highest: a read from the
 	// lowest would lock (REPEATABLE READ) the deleted tickets not yet purged, hundreds
 	// under load, and deadlock with the releases.
-	enqueueTicketMySQL = `LAST_INSERT_ID(2 * CAST(` + enqueueNumberMySQL + ` AS UNSIGNED) + ((SELECT MAX(o.ticket) FROM sqllock_ticket o WHERE o.lock_key = q.lock_key) IS NULL)) DIV 2`
+	enqueueTicketMySQL = `LAST_INSERT_ID(2 * CAST(` + enqueueNumberMySQL + ` AS UNSIGNED) + ((SELECT MAX(o.ticket) FROM sqllock_ticket o WHERE o.lock_key = q.lock_key AND o.ticket < ` + topMySQL + `) IS NULL)) DIV 2`
 	// enqueueNumberMySQL is the number a draw takes (q: the dispenser's row).
-	enqueueNumberMySQL = `GREATEST(q.next_ticket, COALESCE((SELECT MAX(t.ticket) FROM sqllock_ticket t WHERE t.lock_key = q.lock_key), 0) + 1)`
+	enqueueNumberMySQL = `GREATEST(q.next_ticket, COALESCE((SELECT MAX(t.ticket) FROM sqllock_ticket t WHERE t.lock_key = q.lock_key AND t.ticket < ` + topMySQL + `), 0) + 1)`
 	// ? ticket, key.
 	bumpMySQL = `UPDATE sqllock_queue SET next_ticket = GREATEST(next_ticket, ? + 1) WHERE lock_key = ?`
 	// bumpLineMySQLFmt is bumpMySQL as text for a turn's session (%[1]d ticket,
@@ -136,10 +136,24 @@ FROM sqllock_queue q WHERE q.lock_key = %[1]s AND GET_LOCK(%[6]s, 0) IS NOT NULL
   COALESCE((SELECT MAX(t.ticket) FROM sqllock_ticket t WHERE t.lock_key = ? AND t.owner = ?), 0) + 1) WHERE lock_key = ?`
 	// The statements of drawTx: lock the dispenser, read the highest ticket.
 	drawTxLockMySQL    = `SELECT next_ticket FROM sqllock_queue WHERE lock_key = ? FOR UPDATE`
-	drawTxHighestMySQL = `SELECT COALESCE(MAX(ticket), 0) FROM sqllock_ticket WHERE lock_key = ?`
+	drawTxHighestMySQL = `SELECT COALESCE(MAX(ticket), 0) FROM sqllock_ticket WHERE lock_key = ? AND ticket < ` + topMySQL
 	// ? key, ticket, owner, TTL µs, host, pid.
 	drawTxTicketMySQL = `INSERT INTO sqllock_ticket (lock_key, ticket, owner, created_at, expires_at, host, pid)
 VALUES (?, ?, ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, ?, ?)`
+	// topMySQL is the ticket number of a MySQL name's top row: not a ticket (it has
+	// no owner and expired in 1970: no look, holder or check sees it), it sits above
+	// every ticket of its name in the primary key, so that the draw's reads of the
+	// highest ticket, which lock (REPEATABLE READ) the row after the last one they
+	// read, lock this row of their own name's, not the first ticket of the next name
+	// in key order, which that name's release deletes: with many names in use at once,
+	// draws and releases of neighbouring names deadlocked (858 deadlocks in a bench
+	// run of 32 processes on names of their own, a release failing after its retries).
+	// Every read of the highest ticket and the sweep leave it out. A Locker adds it
+	// once per name it draws for (topRowMySQL); a name without one works as before.
+	topMySQL = `9223372036854775807`
+	// ? key.
+	topRowMySQL = `INSERT INTO sqllock_ticket (lock_key, ticket, owner, created_at, expires_at, host, pid)
+VALUES (?, ` + topMySQL + `, '', '1970-01-01 00:00:01', '1970-01-01 00:00:01', '', 0) ON DUPLICATE KEY UPDATE pid = 0`
 	// createMySQL makes the dispenser of a name on first use.
 	createMySQL = `INSERT INTO sqllock_queue (lock_key, name, next_ticket) VALUES (?, ?, 1)
 ON DUPLICATE KEY UPDATE lock_key = lock_key`
@@ -177,7 +191,7 @@ WHERE lock_key = ? AND ticket = ? AND owner = ? AND expires_at > UTC_TIMESTAMP(6
 	// ticket's read is a derived table, which MySQL materialises (a subquery on the
 	// table a DELETE deletes from is refused). ? key, ticket, owner (, key).
 	releaseMySQL      = `DELETE FROM sqllock_ticket WHERE lock_key = ? AND ticket = ? AND owner = ?`
-	releaseAfterMySQL = releaseMySQL + ` AND ticket < (SELECT m FROM (SELECT MAX(ticket) AS m FROM sqllock_ticket WHERE lock_key = ?) x)`
+	releaseAfterMySQL = releaseMySQL + ` AND ticket < (SELECT m FROM (SELECT MAX(ticket) AS m FROM sqllock_ticket WHERE lock_key = ? AND ticket < ` + topMySQL + `) x)`
 
 	// The MySQL line of a lock (permits 1; see Locker.enterLine): text for a turn's
 	// session, with the values in it (hexadecimal literals and numbers).
@@ -208,7 +222,7 @@ LEFT JOIN sqllock_ticket t ON t.lock_key = %[3]s AND t.ticket < %[4]d LOCK IN SH
   AND RELEASE_ALL_LOCKS() + LENGTH(created_at) > 0`
 	// releaseLineAfter is releaseLineMySQLFmt's %[4]s for a release without the bump
 	// (releaseAfterMySQL's condition, %[1]s the key): "" for one after it.
-	releaseLineAfter = ` AND ticket < (SELECT m FROM (SELECT MAX(ticket) AS m FROM sqllock_ticket WHERE lock_key = %[1]s) x)`
+	releaseLineAfter = ` AND ticket < (SELECT m FROM (SELECT MAX(ticket) AS m FROM sqllock_ticket WHERE lock_key = %[1]s AND ticket < ` + topMySQL + `) x)`
 
 	// forgetMySQL deletes the tickets of an acquisition whose enqueue outcome the
 	// caller never learnt and that it gave up (owners are unique per acquisition),
@@ -237,9 +251,9 @@ SELECT (SELECT count(*) FROM c), (SELECT count(*) FROM d)`
 	// MySQL: candidates by a plain read, then deleted one by one by primary key,
 	// re-checked (see uniqueindex's sweep for why no range is locked), each once
 	// bumpMySQL moved the dispenser past it (see enqueueMySQL).
-	sweepSelectMySQL = `SELECT lock_key, ticket FROM sqllock_ticket WHERE expires_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND
+	sweepSelectMySQL = `SELECT lock_key, ticket FROM sqllock_ticket WHERE expires_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND AND ticket < ` + topMySQL + `
 ORDER BY expires_at LIMIT ?`
-	sweepDeleteMySQL = `DELETE FROM sqllock_ticket WHERE lock_key = ? AND ticket = ? AND expires_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND`
+	sweepDeleteMySQL = `DELETE FROM sqllock_ticket WHERE lock_key = ? AND ticket = ? AND ticket < ` + topMySQL + ` AND expires_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND`
 )
 
 // holder reads the lowest live ticket of a key (Locker.Holder): host, pid, ticket

@@ -33,6 +33,7 @@ func TestMySQLStatementsDrawNoWarnings(t *testing.T) {
 		"releaseLineAfterMySQL": fmt.Sprintf(releaseLineMySQLFmt, "X'00'", 2, "X'01'", fmt.Sprintf(releaseLineAfter, "X'00'")),
 		"releaseAfterMySQL":     releaseAfterMySQL,
 		"bumpOwnerMySQL":        bumpOwnerMySQL,
+		"topRowMySQL":           topRowMySQL,
 		"bumpLineMySQL":         fmt.Sprintf(bumpLineMySQLFmt, 2, "X'00'"),
 		"enqueueLineMySQL": fmt.Sprintf(enqueueLineMySQLFmt, "X'00'", "X'01'", 1000, "X'02'", 1,
 			wait.MyTicketName("X'00'", enqueueNumberMySQL)),
