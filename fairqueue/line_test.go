@@ -170,29 +170,47 @@ func TestMySQLWaiterWaitsInServer(t *testing.T) {
 	}
 }
 
+// lineChain sets up the line tests' queue on MySQL: A holds name (granted without
+// waiting), B waits in the line holding its ticket's lock (its session: sid), and C
+// waits in the server for that lock. bDB is B's pool.
+type lineChain struct {
+	admin, bDB *sql.DB
+	b          *fairqueue.Locker
+	name       string
+	la         sqllock.Lease
+	bTicket    int64
+	sid        int64
+	gotB, gotC <-chan acquired
+}
+
+func newLineChain(t *testing.T, ctx context.Context, opts ...fairqueue.Option) *lineChain {
+	t.Helper()
+	d := sqllock.MySQL
+	ch := &lineChain{admin: testdb.Open(t, d), bDB: testdb.Open(t, d), name: testdb.Name(t)}
+	a := newLocker(t, testdb.Open(t, d), d, opts...)
+	ch.b = newLocker(t, ch.bDB, d, opts...)
+	c := newLocker(t, testdb.Open(t, d), d, opts...)
+	var err error
+	if ch.la, err = a.Acquire(ctx, ch.name); err != nil {
+		t.Fatal(err)
+	}
+	ch.gotB = acquireAsync(ctx, ch.b, ch.name)
+	ch.bTicket = ch.la.Token() + 1
+	ch.sid = ticketLockTaken(t, ch.admin, ch.name, ch.bTicket)
+	ch.gotC = acquireAsync(ctx, c, ch.name)
+	inUserLock(t, ch.admin, ch.name, ch.bTicket)
+	return ch
+}
+
 // TestMySQLLineWaiterKilled: the session of a waiter in the line is killed while its
 // successor waits in the server for its ticket's lock. The successor wakes, finds the
 // waiter's ticket still live (its owner renews it through the pool) and does not pass
 // it; the waiter goes on without the line. The order holds: A, B, C.
 func TestMySQLLineWaiterKilled(t *testing.T) {
-	d := sqllock.MySQL
 	ctx := testdb.Context(t, 2*time.Minute)
-	admin := testdb.Open(t, d)
-	opts := []fairqueue.Option{fairqueue.WithTTL(3 * time.Second), fairqueue.WithPollInterval(200 * time.Millisecond)}
-	a := newLocker(t, testdb.Open(t, d), d, opts...)
-	b := newLocker(t, testdb.Open(t, d), d, opts...)
-	c := newLocker(t, testdb.Open(t, d), d, opts...)
-	name := testdb.Name(t)
-
-	la, err := a.Acquire(ctx, name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	gotB := acquireAsync(ctx, b, name)
-	sid := ticketLockTaken(t, admin, name, la.Token()+1)
-	gotC := acquireAsync(ctx, c, name)
-	inUserLock(t, admin, name, la.Token()+1)
-	if _, err := admin.Exec("KILL " + strconv.FormatInt(sid, 10)); err != nil {
+	ch := newLineChain(t, ctx, fairqueue.WithTTL(3*time.Second), fairqueue.WithPollInterval(200*time.Millisecond))
+	admin, la, gotB, gotC := ch.admin, ch.la, ch.gotB, ch.gotC
+	if _, err := admin.Exec("KILL " + strconv.FormatInt(ch.sid, 10)); err != nil {
 		t.Fatal(err)
 	}
 	// C woke: its ticket lock's holder is gone. B holds its ticket, A the lock.
@@ -284,29 +302,10 @@ func TestSweptLastTicketNotDrawnAgain(t *testing.T) {
 // server for that lock, is not held up; the waiter draws a new ticket behind it, and
 // no pooled connection stays out once the Lockers are closed.
 func TestMySQLLineWaiterLosesTicket(t *testing.T) {
-	d := sqllock.MySQL
 	ctx := testdb.Context(t, 2*time.Minute)
-	admin := testdb.Open(t, d)
 	const ttl = 3 * time.Second
-	opts := []fairqueue.Option{fairqueue.WithTTL(ttl), fairqueue.WithKeepalive(300 * time.Millisecond)}
-	a := newLocker(t, testdb.Open(t, d), d, opts...)
-	bDB := testdb.Open(t, d)
-	b, err := fairqueue.New(bDB, d, opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := newLocker(t, testdb.Open(t, d), d, opts...)
-	name := testdb.Name(t)
-
-	la, err := a.Acquire(ctx, name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	gotB := acquireAsync(ctx, b, name)
-	bTicket := la.Token() + 1
-	ticketLockTaken(t, admin, name, bTicket)
-	gotC := acquireAsync(ctx, c, name)
-	inUserLock(t, admin, name, bTicket)
+	ch := newLineChain(t, ctx, fairqueue.WithTTL(ttl), fairqueue.WithKeepalive(300*time.Millisecond))
+	admin, name, la, bTicket, gotB, gotC := ch.admin, ch.name, ch.la, ch.bTicket, ch.gotB, ch.gotC
 	if _, err := admin.ExecContext(ctx, "DELETE FROM sqllock_ticket WHERE lock_key = ? AND ticket = ?", namekey.Key(name), bTicket); err != nil {
 		t.Fatal(err)
 	}
@@ -343,8 +342,8 @@ func TestMySQLLineWaiterLosesTicket(t *testing.T) {
 	if err := lb.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	b.Close()
-	if n := bDB.Stats().InUse; n != 0 {
+	ch.b.Close()
+	if n := ch.bDB.Stats().InUse; n != 0 {
 		t.Errorf("%d of B's pooled connections still out after Close", n)
 	}
 }
