@@ -99,7 +99,7 @@ func TestLocktest(t *testing.T) {
 func tickets(t testing.TB, db *sql.DB, d sqllock.Dialect, name string) int {
 	t.Helper()
 	var n int
-	q := testdb.Rebind(d, "SELECT count(*) FROM sqllock_ticket WHERE lock_key = ? AND ticket < 9223372036854775807") // (MySQL's top row)
+	q := testdb.Rebind(d, "SELECT count(*) FROM sqllock_ticket WHERE lock_key = ? AND ticket < "+fairqueue.TopTicketMySQL) // (MySQL's top row)
 	if err := db.QueryRowContext(testdb.Context(t, 30*time.Second), q, namekey.Key(name)).Scan(&n); err != nil {
 		t.Fatal(err)
 	}
@@ -112,7 +112,7 @@ func drawn(ctx context.Context, db *sql.DB, d sqllock.Dialect, name string) (int
 	var n int64
 	// The dispenser, or on MySQL, whose draws do not move it on, the highest ticket.
 	q := testdb.Rebind(d, `SELECT GREATEST(COALESCE((SELECT next_ticket - 1 FROM sqllock_queue WHERE lock_key = ?), 0),
-  COALESCE((SELECT MAX(ticket) FROM sqllock_ticket WHERE lock_key = ? AND ticket < 9223372036854775807), 0))`)
+  COALESCE((SELECT MAX(ticket) FROM sqllock_ticket WHERE lock_key = ? AND ticket < `+fairqueue.TopTicketMySQL+`), 0))`)
 	err := db.QueryRowContext(ctx, q, namekey.Key(name), namekey.Key(name)).Scan(&n)
 	if errors.Is(err, sql.ErrNoRows) {
 		return 0, nil
@@ -213,7 +213,7 @@ SELECT $1, q.ticket, $2, clock_timestamp(), clock_timestamp() + interval '1 minu
 			// The Locker's MySQL draw (enqueueMySQL, without its flag of a first
 			// ticket).
 			res, err := tx.ExecContext(ctx, `INSERT INTO sqllock_ticket (lock_key, ticket, owner, created_at, expires_at)
-SELECT ?, LAST_INSERT_ID(GREATEST(q.next_ticket, COALESCE((SELECT MAX(t.ticket) FROM sqllock_ticket t WHERE t.lock_key = q.lock_key AND t.ticket < 9223372036854775807), 0) + 1)),
+SELECT ?, LAST_INSERT_ID(GREATEST(q.next_ticket, COALESCE((SELECT MAX(t.ticket) FROM sqllock_ticket t WHERE t.lock_key = q.lock_key AND t.ticket < `+fairqueue.TopTicketMySQL+`), 0) + 1)),
   ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL 1 MINUTE FROM sqllock_queue q WHERE q.lock_key = ? FOR UPDATE`, key, []byte(owner), key)
 			if err != nil {
 				return 0, err

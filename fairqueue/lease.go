@@ -281,9 +281,9 @@ func (t *ticket) releaseInLine(ctx context.Context, tn *wait.Turn) (int64, error
 		})
 		return n, err
 	}
-	n, err := run(fmt.Sprintf(releaseLineMySQLFmt, k, t.number, namekey.MySQLHex(t.owner), fmt.Sprintf(releaseLineAfter, k)))
+	n, err := run(fmt.Sprintf(releaseLineMySQLFmt, k, t.number, namekey.MySQLHex(t.owner), fmt.Sprintf(higherLeftMySQLFmt, k)))
 	if err == nil && n == 0 {
-		if _, err = run(fmt.Sprintf(bumpLineMySQLFmt, t.number, k)); err == nil {
+		if _, err = run(fmt.Sprintf(bumpMySQLFmt, strconv.FormatInt(t.number, 10), k)); err == nil {
 			n, err = run(fmt.Sprintf(releaseLineMySQLFmt, k, t.number, namekey.MySQLHex(t.owner), ""))
 		}
 	}

@@ -81,6 +81,18 @@ func ticketLockTaken(t *testing.T, admin *sql.DB, name string, ticket int64) int
 	}
 }
 
+// notGranted fails t if one of the Acquires started by acquireAsync returned.
+func notGranted(t *testing.T, while string, got ...<-chan acquired) {
+	t.Helper()
+	for _, g := range got {
+		select {
+		case r := <-g:
+			t.Fatalf("an Acquire returned while %s: %v", while, r.err)
+		default:
+		}
+	}
+}
+
 // acquireAsync starts an Acquire and returns its outcome.
 func acquireAsync(ctx context.Context, l *fairqueue.Locker, name string) <-chan acquired {
 	ch := make(chan acquired, 1)
@@ -148,11 +160,7 @@ func TestMySQLWaiterWaitsInServer(t *testing.T) {
 	if lb.Token() != la.Token()+1 {
 		t.Fatalf("B got ticket %d, want %d", lb.Token(), la.Token()+1)
 	}
-	select {
-	case r := <-gotC:
-		t.Fatalf("C got the lock while B held it: %v", r.err)
-	default:
-	}
+	notGranted(t, "B held the lock (C's)", gotC)
 	released := time.Now()
 	if err := lb.Release(ctx); err != nil {
 		t.Fatal(err)
@@ -215,22 +223,12 @@ func TestMySQLLineWaiterKilled(t *testing.T) {
 	}
 	// C woke: its ticket lock's holder is gone. B holds its ticket, A the lock.
 	time.Sleep(500 * time.Millisecond) // (let C look again while B's ticket is live)
-	select {
-	case r := <-gotB:
-		t.Fatalf("B got the lock while A held it: %v", r.err)
-	case r := <-gotC:
-		t.Fatalf("C got the lock while A held it: %v", r.err)
-	default:
-	}
+	notGranted(t, "A held the lock", gotB, gotC)
 	if err := la.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
 	lb := (<-gotB).must(t, "B")
-	select {
-	case r := <-gotC:
-		t.Fatalf("C got the lock while B held it: %v", r.err)
-	default:
-	}
+	notGranted(t, "B held the lock (C's)", gotC)
 	if err := lb.Err(); err != nil {
 		t.Fatalf("B's lease: %v", err)
 	}
@@ -327,11 +325,7 @@ func TestMySQLLineWaiterLosesTicket(t *testing.T) {
 	if wait := rc.at.Sub(released); wait > ttl/2 {
 		t.Errorf("C got the lock %v after A's release: held up by B's lost ticket", wait)
 	}
-	select {
-	case r := <-gotB:
-		t.Fatalf("B got the lock while C held it: %v", r.err)
-	default:
-	}
+	notGranted(t, "C held the lock (B's)", gotB)
 	if err := lc.Release(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -1,6 +1,7 @@
 package fairqueue
 
 import (
+	"fmt"
 	"strconv"
 
 	"github.com/sqllock/sqllock/internal/rowlease"
@@ -81,8 +82,8 @@ FROM d, LATERAL sqllock_fairqueue_next($1, d.ticket, ` + permits + `) n`
 const (
 	// enqueueMySQL draws a ticket in one statement: it inserts the ticket numbered
 	// past both the dispenser and the highest ticket of the name (its number is in
-	// the statement's insert id, enqueueTicketMySQL). The dispenser row stays locked until the statement
-	// commits: the next draw of the name waits for it, then reads the highest ticket,
+	// the statement's insert id, enqueueTicketMySQL). The dispenser row stays locked
+	// until the statement commits: the next draw of the name waits for it, then reads the highest ticket,
 	// so a number is drawn only once every lower ticket is visible, and tickets become
 	// visible in their order (as on PostgreSQL; under REPEATABLE READ, MySQL's
 	// default, an INSERT ... SELECT also reads the tickets with shared locks, which
@@ -96,9 +97,7 @@ const (
 	// finds a higher ticket deletes without it (releaseAfterMySQL): the highest
 	// ticket stays, and whoever deletes that one moves the dispenser first. So the
 	// next number, the greater of the two, never goes down, and no number is granted
-	// twice. (Before this, every draw moved the dispenser on in a statement of its
-	// own; a reaper of that version deletes a dead last ticket without it: upgrade the
-	// reaper with the Lockers.)
+	// twice.
 	//
 	// ? key, owner, TTL µs, host, pid, key.
 	enqueueMySQL = `INSERT INTO sqllock_ticket (lock_key, ticket, owner, created_at, expires_at, host, pid)
@@ -122,14 +121,15 @@ FROM sqllock_queue q WHERE q.lock_key = %[1]s AND GET_LOCK(%[6]s, 0) IS NOT NULL
 	// insert. Both reads of the name's tickets start from the highest: a read from the
 	// lowest would lock (REPEATABLE READ) the deleted tickets not yet purged, hundreds
 	// under load, and deadlock with the releases.
-	enqueueTicketMySQL = `LAST_INSERT_ID(2 * CAST(` + enqueueNumberMySQL + ` AS UNSIGNED) + ((SELECT MAX(o.ticket) FROM sqllock_ticket o WHERE o.lock_key = q.lock_key AND o.ticket < ` + topMySQL + `) IS NULL)) DIV 2`
+	enqueueTicketMySQL = `LAST_INSERT_ID(2 * CAST(` + enqueueNumberMySQL + ` AS UNSIGNED) + (` + highestMySQL + ` IS NULL)) DIV 2`
 	// enqueueNumberMySQL is the number a draw takes (q: the dispenser's row).
-	enqueueNumberMySQL = `GREATEST(q.next_ticket, COALESCE((SELECT MAX(t.ticket) FROM sqllock_ticket t WHERE t.lock_key = q.lock_key AND t.ticket < ` + topMySQL + `), 0) + 1)`
-	// ? ticket, key.
-	bumpMySQL = `UPDATE sqllock_queue SET next_ticket = GREATEST(next_ticket, ? + 1) WHERE lock_key = ?`
-	// bumpLineMySQLFmt is bumpMySQL as text for a turn's session (%[1]d ticket,
-	// %[2]s key).
-	bumpLineMySQLFmt = `UPDATE sqllock_queue SET next_ticket = GREATEST(next_ticket, %[1]d + 1) WHERE lock_key = %[2]s`
+	enqueueNumberMySQL = `GREATEST(q.next_ticket, COALESCE(` + highestMySQL + `, 0) + 1)`
+	// highestMySQL is the highest ticket of the dispenser q's name, or NULL: read
+	// from the name's top row down (see topMySQL).
+	highestMySQL = `(SELECT MAX(t.ticket) FROM sqllock_ticket t WHERE t.lock_key = q.lock_key AND t.ticket < ` + topMySQL + `)`
+	// bumpMySQLFmt moves the dispenser past a ticket (%[1]s ticket, %[2]s key: "?"
+	// for bumpMySQL, values for a turn's session).
+	bumpMySQLFmt = `UPDATE sqllock_queue SET next_ticket = GREATEST(next_ticket, %[1]s + 1) WHERE lock_key = %[2]s`
 	// bumpOwnerMySQL moves the dispenser past the tickets of an owner (forget).
 	// ? key, owner, key.
 	bumpOwnerMySQL = `UPDATE sqllock_queue SET next_ticket = GREATEST(next_ticket,
@@ -190,8 +190,9 @@ WHERE lock_key = ? AND ticket = ? AND owner = ? AND expires_at > UTC_TIMESTAMP(6
 	// higher ticket is left, without the bump (see enqueueMySQL). The highest
 	// ticket's read is a derived table, which MySQL materialises (a subquery on the
 	// table a DELETE deletes from is refused). ? key, ticket, owner (, key).
-	releaseMySQL      = `DELETE FROM sqllock_ticket WHERE lock_key = ? AND ticket = ? AND owner = ?`
-	releaseAfterMySQL = releaseMySQL + ` AND ticket < (SELECT m FROM (SELECT MAX(ticket) AS m FROM sqllock_ticket WHERE lock_key = ? AND ticket < ` + topMySQL + `) x)`
+	releaseMySQL = `DELETE FROM sqllock_ticket WHERE lock_key = ? AND ticket = ? AND owner = ?`
+	// higherLeftMySQLFmt is releaseAfterMySQL's condition (%[1]s the key).
+	higherLeftMySQLFmt = ` AND ticket < (SELECT m FROM (SELECT MAX(ticket) AS m FROM sqllock_ticket WHERE lock_key = %[1]s AND ticket < ` + topMySQL + `) x)`
 
 	// The MySQL line of a lock (permits 1; see Locker.enterLine): text for a turn's
 	// session, with the values in it (hexadecimal literals and numbers).
@@ -215,14 +216,13 @@ FROM (SELECT GET_LOCK(%[1]s, 0) AS own) o, %[2]s e
 LEFT JOIN sqllock_ticket t ON t.lock_key = %[3]s AND t.ticket < %[4]d LOCK IN SHARE MODE`
 	// releaseLineMySQLFmt deletes the ticket (%[1]s key, %[2]d ticket, %[3]s owner)
 	// on the session of the turn that holds its ticket lock, and gives the session's
-	// locks back once the row is locked (the condition reads a column that only the locked
-	// row gives: MySQL 9.7 evaluates one without a column of the row before it locks
-	// the row), before the delete commits; it stays held if no row matched.
+	// locks back once the row is locked (the condition reads a column that only the
+	// locked row gives: MySQL 9.7 evaluates one without a column of the row before
+	// it locks the row), before the delete commits; they stay held if no row
+	// matched. %[4]s: the condition of a release without the bump
+	// (higherLeftMySQLFmt), or "" after the bump.
 	releaseLineMySQLFmt = `DELETE FROM sqllock_ticket WHERE lock_key = %[1]s AND ticket = %[2]d AND owner = %[3]s%[4]s
   AND RELEASE_ALL_LOCKS() + LENGTH(created_at) > 0`
-	// releaseLineAfter is releaseLineMySQLFmt's %[4]s for a release without the bump
-	// (releaseAfterMySQL's condition, %[1]s the key): "" for one after it.
-	releaseLineAfter = ` AND ticket < (SELECT m FROM (SELECT MAX(ticket) AS m FROM sqllock_ticket WHERE lock_key = %[1]s AND ticket < ` + topMySQL + `) x)`
 
 	// forgetMySQL deletes the tickets of an acquisition whose enqueue outcome the
 	// caller never learnt and that it gave up (owners are unique per acquisition),
@@ -276,4 +276,10 @@ FROM sqllock_ticket WHERE lock_key = ? AND expires_at > UTC_TIMESTAMP(6) ORDER B
 var (
 	releaseTicketPostgres = releasePostgresSQL("ticket = $2 AND owner = $3", "$4")
 	forgetPostgres        = releasePostgresSQL("owner = $2", "$3")
+)
+
+// The MySQL statements made from the templates above, with "?" parameters.
+var (
+	bumpMySQL         = fmt.Sprintf(bumpMySQLFmt, "?", "?")                 // ? ticket, key
+	releaseAfterMySQL = releaseMySQL + fmt.Sprintf(higherLeftMySQLFmt, "?") // ? key, ticket, owner, key
 )

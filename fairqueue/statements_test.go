@@ -30,11 +30,11 @@ func TestMySQLStatementsDrawNoWarnings(t *testing.T) {
 		"lineLookMySQL": fmt.Sprintf(lineLookMySQLFmt, wait.MyTicketName("X'00'", "2"),
 			wait.MyEnter(wait.MyTicketName("X'00'", "1"), time.Second), "X'00'", 2, wait.MyTicketName("X'00'", "1")),
 		"releaseLineMySQL":      fmt.Sprintf(releaseLineMySQLFmt, "X'00'", 2, "X'01'", ""),
-		"releaseLineAfterMySQL": fmt.Sprintf(releaseLineMySQLFmt, "X'00'", 2, "X'01'", fmt.Sprintf(releaseLineAfter, "X'00'")),
+		"releaseLineAfterMySQL": fmt.Sprintf(releaseLineMySQLFmt, "X'00'", 2, "X'01'", fmt.Sprintf(higherLeftMySQLFmt, "X'00'")),
 		"releaseAfterMySQL":     releaseAfterMySQL,
 		"bumpOwnerMySQL":        bumpOwnerMySQL,
 		"topRowMySQL":           topRowMySQL,
-		"bumpLineMySQL":         fmt.Sprintf(bumpLineMySQLFmt, 2, "X'00'"),
+		"bumpLineMySQL":         fmt.Sprintf(bumpMySQLFmt, "2", "X'00'"),
 		"enqueueLineMySQL": fmt.Sprintf(enqueueLineMySQLFmt, "X'00'", "X'01'", 1000, "X'02'", 1,
 			wait.MyTicketName("X'00'", enqueueNumberMySQL)),
 	})
