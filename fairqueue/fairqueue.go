@@ -527,11 +527,11 @@ func (l *Locker) waitTurn(ctx context.Context, le *Lease, block bool, first *loo
 			if len(lk.preds) > 0 {
 				lw.pred = lk.preds[0].ticket
 			}
-			if !enter || (lw.entered && (!lw.free || lk.position > 1 && lw.frees == 1)) {
+			if !enter || (lw.entered && (lw.frees == 0 || lk.position > 1 && lw.frees == 1)) {
 				// Contended: wait in the server from now on; or the predecessor it
 				// waited for went: wait for the next one. At once; also once when a
-				// predecessor that waits did not hold its lock yet (it takes it in the
-				// statement after its draw).
+				// predecessor that waits did not hold its lock yet (a Locker's first
+				// waiter of a name takes it in its first entry, after its draw).
 				enter, lk = true, nil
 				continue
 			}
@@ -566,9 +566,10 @@ type lineWait struct {
 	turn    *wait.Turn // its turn, whose session holds its ticket lock once it entered
 	pred    int64      // the predecessor whose lock the next entry waits for (0: the ticket below its own)
 	entered bool       // the last entry waited for its predecessor's lock and got it
-	free    bool       // and that predecessor is still live: it does not hold its lock
-	frees   int        // entries in a row that found their predecessor's lock free
-	off     bool       // an entry failed: this acquisition waits without the line
+	// frees counts the entries in a row that got their predecessor's lock while the
+	// predecessor was live (it does not hold its lock).
+	frees int
+	off   bool // an entry failed: this acquisition waits without the line
 }
 
 // enterLine makes le's next look on MySQL in the line (lineLookMySQLFmt), on the
@@ -577,7 +578,6 @@ type lineWait struct {
 // made without the line: no turn was to be had, the wait ran out (the predecessor
 // holds on), or the entry failed (this acquisition then waits without the line).
 func (l *Locker) enterLine(ctx context.Context, le *Lease, lw *lineWait) (*look, error) {
-	lw.free = false
 	if lw.turn == nil {
 		if lw.turn = l.b.Line.Take(ctx, le.key); lw.turn == nil {
 			return nil, nil
@@ -627,8 +627,8 @@ func (l *Locker) enterLine(ctx context.Context, le *Lease, lw *lineWait) (*look,
 	if joined == 0 {
 		return nil, nil
 	}
-	lw.entered, lw.free = true, nearest == p
-	if lw.free {
+	lw.entered = true
+	if nearest == p {
 		lw.frees++
 	} else {
 		lw.frees = 0

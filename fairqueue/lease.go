@@ -239,17 +239,16 @@ func (k keeper) GiveBack(ctx context.Context, lost bool) error {
 				return rowlease.Released(n, nil, lost, "the ticket")
 			}
 		}
-		if b.Line != nil && b.Line.Contended(string(t.key)) {
-			// Likely not the last ticket: delete it without moving the dispenser on.
-			n, err := b.Changed(ctx, nil, releaseAfterMySQL, t.key, t.number, t.owner, t.key)
-			if err != nil || n > 0 {
-				return rowlease.Released(n, err, lost, "the ticket")
+		// A contended name's ticket is likely not the last.
+		n, err := deleteMySQL(b.Line != nil && b.Line.Contended(string(t.key)), func(after bool) (int64, error) {
+			if after {
+				return b.Changed(ctx, nil, releaseAfterMySQL, t.key, t.number, t.owner, t.key)
 			}
-		}
-		if _, err := b.Changed(ctx, nil, bumpMySQL, t.number, t.key); err != nil {
-			return rowlease.Released(0, err, lost, "the ticket")
-		}
-		n, err := b.Changed(ctx, nil, releaseMySQL, t.key, t.number, t.owner)
+			return b.Changed(ctx, nil, releaseMySQL, t.key, t.number, t.owner)
+		}, func() error {
+			_, err := b.Changed(ctx, nil, bumpMySQL, t.number, t.key)
+			return err
+		})
 		return rowlease.Released(n, err, lost, "the ticket")
 	}
 	var n, grantee int64
@@ -264,10 +263,25 @@ func (k keeper) GiveBack(ctx context.Context, lost bool) error {
 	return rowlease.Released(n, err, lost, "the ticket")
 }
 
+// deleteMySQL deletes a ticket on MySQL (see enqueueMySQL) with del: with after set
+// (a higher ticket is likely left), first without moving the dispenser on, which
+// deletes nothing if no higher ticket is left; then, if need be, once bump moved
+// the dispenser past it.
+func deleteMySQL(after bool, del func(after bool) (int64, error), bump func() error) (int64, error) {
+	if after {
+		if n, err := del(true); err != nil || n > 0 {
+			return n, err
+		}
+	}
+	if err := bump(); err != nil {
+		return 0, err
+	}
+	return del(false)
+}
+
 // releaseInLine deletes the ticket on the session of turn tn, which holds the
 // ticket's lock: the statement gives the lock back too (releaseLineMySQLFmt). A
-// ticket that waited is seldom the last: it is deleted if a higher one is left;
-// otherwise the dispenser is moved past it first (see enqueueMySQL).
+// ticket that waited is seldom the last (deleteMySQL).
 func (t *ticket) releaseInLine(ctx context.Context, tn *wait.Turn) (int64, error) {
 	k := namekey.MySQLHex(t.key)
 	run := func(q string) (n int64, err error) {
@@ -281,12 +295,16 @@ func (t *ticket) releaseInLine(ctx context.Context, tn *wait.Turn) (int64, error
 		})
 		return n, err
 	}
-	n, err := run(fmt.Sprintf(releaseLineMySQLFmt, k, t.number, namekey.MySQLHex(t.owner), fmt.Sprintf(higherLeftMySQLFmt, k)))
-	if err == nil && n == 0 {
-		if _, err = run(fmt.Sprintf(bumpMySQLFmt, strconv.FormatInt(t.number, 10), k)); err == nil {
-			n, err = run(fmt.Sprintf(releaseLineMySQLFmt, k, t.number, namekey.MySQLHex(t.owner), ""))
+	n, err := deleteMySQL(true, func(after bool) (int64, error) {
+		cond := ""
+		if after {
+			cond = fmt.Sprintf(higherLeftMySQLFmt, k)
 		}
-	}
+		return run(fmt.Sprintf(releaseLineMySQLFmt, k, t.number, namekey.MySQLHex(t.owner), cond))
+	}, func() error {
+		_, err := run(fmt.Sprintf(bumpMySQLFmt, strconv.FormatInt(t.number, 10), k))
+		return err
+	})
 	if err == nil && n > 0 {
 		tn.Released(true, false)
 	}
