@@ -219,6 +219,17 @@ func runDialect(ctx context.Context, c config, t *target) (dialectReport, error)
 				}
 				p.f(res)
 			}
+			if cl.raw != "" && !strings.HasPrefix(cl.name, "raw ") && len(cl.peerOf) == 0 && m[mErrors] == 0 {
+				if err := pairedRatios(ctx, t, cl, cells, m, fmt.Sprintf("bench/%s/paired/r%d/%d", cl.name, r, time.Now().UnixNano()), c.dur); err != nil {
+					if ctx.Err() != nil {
+						return dialectReport{}, ctx.Err()
+					}
+					msg := fmt.Sprintf("round %d paired: %v", r+1, err)
+					fmt.Fprintln(os.Stderr, "bench:", cl.name, msg)
+					errs[cl.name] = append(errs[cl.name], msg)
+					m[mErrors]++
+				}
+			}
 			round[cl.name] = m
 		}
 		ratios(cells, round)
@@ -234,6 +245,26 @@ func runDialect(ctx context.Context, c config, t *target) (dialectReport, error)
 		})
 	}
 	return dr, nil
+}
+
+// pairedRatios runs cl in turns with its raw cell and, if it is in the run, its peer
+// (see paired), each for dur, and records the ratios in m.
+func pairedRatios(ctx context.Context, t *target, cl cell, cells []cell, m metrics, name string, dur time.Duration) error {
+	cs := []cell{cl}
+	for _, other := range []string{cl.raw, cl.peer} {
+		if i := slices.IndexFunc(cells, func(c cell) bool { return c.name == other }); other != "" && i >= 0 {
+			cs = append(cs, cells[i])
+		}
+	}
+	rates, err := paired(ctx, t, cs, name, dur)
+	if err != nil {
+		return err
+	}
+	m[mXRawPaired] = rates[0] / rates[1]
+	if len(rates) > 2 {
+		m[mXPeerPaired] = rates[0] / rates[2]
+	}
+	return nil
 }
 
 // target is one server, with the bench database created and migrated.
@@ -404,6 +435,8 @@ func writeMarkdown(w io.Writer, rep report) {
 			{"x raw", mXRaw, fX},
 			{"x floor", mXFloor, fX},
 			{"x peer", mXPeer, fX},
+			{"x raw paired", mXRawPaired, fX},
+			{"x peer paired", mXPeerPaired, fX},
 			{"stmts/acq", mStmtsUnc, fF2},
 			{"1 client acq/s", mC1, fInt},
 			{fmt.Sprintf("%d clients acq/s", rep.Clients), mCN, fInt},
@@ -463,6 +496,10 @@ func writeMarkdown(w io.Writer, rep report) {
 Columns: *uncontended pairs/s*: Acquire+Release of a name of its own by one client.
 *x raw*: that over the hand-written SQL of the same strategy in the same round (fairqueue
 is compared with raw INSERT/DELETE); *x floor*: over the floor, two SELECT 1 round trips.
+*x raw paired*, *x peer paired*: the same ratios from a run of their own in which one
+client of the cell and one of the raw cell (and of the peer) take turns of 100 ms, for
+the phase time each: both see the same moments of the machine, so these ratios vary
+less between rounds than those of phases run apart.
 *stmts/acq*: round trips per acquisition counted on the wire, keep-alives and listeners
 included (MySQL commands without a reply, such as COM_STMT_CLOSE, are in the JSON as
 oneway). *1 client acq/s*: one client holding its own name for the hold time each time.

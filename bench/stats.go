@@ -69,18 +69,12 @@ func (p phase) run(ctx context.Context, t *target, c cell, name string) (phaseRe
 		}
 	}()
 	for range p.clients {
-		open := t.open
-		if c.pool != nil {
-			open = func(wc *wireCount) (*sql.DB, error) { return c.pool(t, wc) }
+		cl, db, err := openClient(ctx, t, c, &wc)
+		if db != nil {
+			dbs = append(dbs, db)
 		}
-		db, err := open(&wc)
 		if err != nil {
 			return phaseResult{}, err
-		}
-		dbs = append(dbs, db)
-		cl, err := c.open(ctx, db, t.d)
-		if err != nil {
-			return phaseResult{}, fmt.Errorf("%s: %w", c.name, err)
 		}
 		clients = append(clients, cl)
 	}
@@ -171,6 +165,98 @@ func (p phase) run(ctx context.Context, t *target, c cell, name string) (phaseRe
 	return r, nil
 }
 
+// openClient opens a pool of its own (counting into wc) and one client of c over it.
+// The caller closes the client, then the pool, which is returned even with an error.
+func openClient(ctx context.Context, t *target, c cell, wc *wireCount) (client, *sql.DB, error) {
+	open := t.open
+	if c.pool != nil {
+		open = func(wc *wireCount) (*sql.DB, error) { return c.pool(t, wc) }
+	}
+	db, err := open(wc)
+	if err != nil {
+		return nil, nil, err
+	}
+	cl, err := c.open(ctx, db, t.d)
+	if err != nil {
+		return nil, db, fmt.Errorf("%s: %w", c.name, err)
+	}
+	return cl, db, nil
+}
+
+// pairSlice is how long each cell of a paired run runs before the next takes over.
+const pairSlice = 100 * time.Millisecond
+
+// paired runs one client of each of cs (a cell, then the cells it is compared with)
+// in turns of pairSlice, each on a name of its own (name + "/p" + its index), until
+// each ran for about dur, and returns each one's Acquire+Release pairs per second over
+// its own turns. The cells of a paired run share every moment of the machine's drift
+// (on the shared 2-core machines here, two runs of one cell a minute apart differed by
+// up to 16 %), so their ratio is steadier than that of phases run apart.
+func paired(ctx context.Context, t *target, cs []cell, name string, dur time.Duration) ([]float64, error) {
+	var wc wireCount
+	clients := make([]client, len(cs))
+	var dbs []*sql.DB
+	defer func() {
+		for _, cl := range clients {
+			if cl != nil {
+				cl.close()
+			}
+		}
+		for _, db := range dbs {
+			db.Close()
+		}
+	}()
+	names := make([]string, len(cs))
+	for i, c := range cs {
+		names[i] = fmt.Sprintf("%s/p%d", name, i)
+		if err := ensureRow(ctx, t.setup, t.d, names[i]); err != nil {
+			return nil, err
+		}
+		cl, db, err := openClient(ctx, t, c, &wc)
+		if db != nil {
+			dbs = append(dbs, db)
+		}
+		if err != nil {
+			return nil, err
+		}
+		clients[i] = cl
+	}
+	pair := func(i int) error {
+		unlock, err := clients[i].lock(ctx, names[i])
+		if err != nil {
+			return fmt.Errorf("%s: %w", cs[i].name, err)
+		}
+		if err := unlock(ctx); err != nil {
+			return fmt.Errorf("%s: %w", cs[i].name, err)
+		}
+		return nil
+	}
+	for i := range cs { // warm-up
+		if err := pair(i); err != nil {
+			return nil, err
+		}
+	}
+	n := make([]int64, len(cs))
+	spent := make([]time.Duration, len(cs))
+	for spent[len(cs)-1] < dur {
+		for i := range cs {
+			start := time.Now()
+			for time.Since(start) < pairSlice {
+				if err := pair(i); err != nil {
+					return nil, err
+				}
+				n[i]++
+			}
+			spent[i] += time.Since(start)
+		}
+	}
+	rates := make([]float64, len(cs))
+	for i := range cs {
+		rates[i] = float64(n[i]) / spent[i].Seconds()
+	}
+	return rates, nil
+}
+
 // percentile returns the p-th quantile (0..1) of ds by nearest rank, sorting ds.
 func percentile(ds []time.Duration, p float64) (time.Duration, bool) {
 	if len(ds) == 0 {
@@ -183,26 +269,28 @@ func percentile(ds []time.Duration, p float64) (time.Duration, bool) {
 
 // Metric names, also the keys of the JSON output. Durations are in microseconds.
 const (
-	mPairs      = "uncontended_pairs_per_s"
-	mStmtsUnc   = "uncontended_stmts_per_acq"
-	mOnewayUnc  = "uncontended_oneway_per_acq"
-	mXRaw       = "uncontended_x_raw"
-	mXFloor     = "uncontended_x_floor"
-	mXPeer      = "uncontended_x_peer"
-	mC1         = "contended1_acq_per_s"
-	mCN         = "contended_acq_per_s"
-	mCNXRaw     = "contended_x_raw"
-	mStmtsCN    = "contended_stmts_per_acq"
-	mMinShare   = "contended_min_share_pct"
-	mWaitP50    = "contended_wait_p50_us"
-	mWaitP99    = "contended_wait_p99_us"
-	mHandoffP50 = "contended_handoff_p50_us"
-	mHandoffP99 = "contended_handoff_p99_us"
-	mNotifyCN   = "contended_notifies_per_acq"
-	mDist       = "distinct_acq_per_s"
-	mDistXRaw   = "distinct_x_raw"
-	mNotifyDist = "distinct_notifies_per_acq"
-	mErrors     = "errors"
+	mPairs       = "uncontended_pairs_per_s"
+	mStmtsUnc    = "uncontended_stmts_per_acq"
+	mOnewayUnc   = "uncontended_oneway_per_acq"
+	mXRaw        = "uncontended_x_raw"
+	mXFloor      = "uncontended_x_floor"
+	mXPeer       = "uncontended_x_peer"
+	mXRawPaired  = "paired_x_raw"  // uncontended, in turns with the raw cell (paired)
+	mXPeerPaired = "paired_x_peer" // uncontended, in turns with the peer cell (paired)
+	mC1          = "contended1_acq_per_s"
+	mCN          = "contended_acq_per_s"
+	mCNXRaw      = "contended_x_raw"
+	mStmtsCN     = "contended_stmts_per_acq"
+	mMinShare    = "contended_min_share_pct"
+	mWaitP50     = "contended_wait_p50_us"
+	mWaitP99     = "contended_wait_p99_us"
+	mHandoffP50  = "contended_handoff_p50_us"
+	mHandoffP99  = "contended_handoff_p99_us"
+	mNotifyCN    = "contended_notifies_per_acq"
+	mDist        = "distinct_acq_per_s"
+	mDistXRaw    = "distinct_x_raw"
+	mNotifyDist  = "distinct_notifies_per_acq"
+	mErrors      = "errors"
 )
 
 // metrics of one cell in one round; a missing key means "not measured".
