@@ -3,6 +3,7 @@ package uniqueindex_test
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"log"
 	"os"
@@ -57,4 +58,24 @@ func Example() {
 		log.Fatal(err)
 	}
 	fmt.Println("fenced write committed with token", lease.Token())
+}
+
+// An operator revokes the lease of a stuck job: its holder reports sqllock.ErrLost at
+// its next renewal, and the lock is free once the lease expires.
+func ExampleForceRelease() {
+	ctx := context.Background()
+	db, err := sql.Open("pgx", os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer db.Close()
+	err = uniqueindex.ForceRelease(ctx, db, sqllock.Postgres, "example/nightly-report", false)
+	switch {
+	case errors.Is(err, sqllock.ErrNotHeld):
+		fmt.Println("nobody holds it")
+	case err != nil:
+		log.Fatal(err)
+	default:
+		fmt.Println("revoked")
+	}
 }

@@ -10,7 +10,6 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/sqllock/sqllock"
-	"github.com/sqllock/sqllock/internal/namekey"
 	"github.com/sqllock/sqllock/locktest"
 	"github.com/sqllock/sqllock/testdb"
 )
@@ -40,24 +39,14 @@ func newLocker(t testing.TB, db *sql.DB, d sqllock.Dialect, opts ...Option) *Loc
 	return l
 }
 
-// deleteRow takes the lease row of name away from outside, by primary key (a
-// DELETE by name would scan, and on MySQL lock, the whole table, which other tests
-// share), as sqllock force-release -now does: on PostgreSQL it deletes the row, on
-// MySQL, where the row carries the name's last token, it frees it in place.
+// deleteRow takes the lease row of name away from outside, as sqllock force-release
+// -now does (ForceRelease).
 func deleteRow(t testing.TB, admin *sql.DB, d sqllock.Dialect, name string) {
 	t.Helper()
-	q := revokeMySQL
-	if d == sqllock.Postgres {
-		q = "DELETE FROM sqllock_lease WHERE lock_key = $1"
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	res, err := admin.ExecContext(ctx, q, namekey.Key(name))
-	if err != nil {
+	if err := ForceRelease(ctx, admin, d, name, true); err != nil {
 		t.Fatal(err)
-	}
-	if n, _ := res.RowsAffected(); n != 1 {
-		t.Fatalf("deleted %d lease rows of %q, want 1", n, name)
 	}
 }
 

@@ -110,9 +110,19 @@ SELECT count(*), string_agg(pg_notify('` + channel + `', encode(lock_key, 'hex')
 	// On MySQL the row is freed in place (see acquireMySQL).
 	forgetMySQL = `UPDATE sqllock_lease SET holds = 0, owner = '', expires_at = LEAST(expires_at, UTC_TIMESTAMP(6))
 WHERE lock_key = ? AND owner = ?`
-	// revokeMySQL frees a lease row from outside (tests; sqllock force-release -now
-	// does the same).
-	revokeMySQL = `UPDATE sqllock_lease SET holds = 0, owner = '', expires_at = LEAST(expires_at, UTC_TIMESTAMP(6)) WHERE lock_key = ?`
+	// The statements of ForceRelease. revokedOwner is the owner a revoked row gets:
+	// no acquisition has it (theirs start with 'L' or 'K'), so the holder's renewals,
+	// Check and Release find its row gone. Each statement changes only a live lease's
+	// row.
+	revokePostgres = `UPDATE sqllock_lease SET owner = $1 WHERE lock_key = $2 AND owner <> $1 AND expires_at > clock_timestamp()`
+	revokeMySQL    = `UPDATE sqllock_lease SET owner = ? WHERE lock_key = ? AND owner <> ? AND expires_at > UTC_TIMESTAMP(6)`
+	// Now, PostgreSQL deletes the row and wakes the waiters as a release does; MySQL,
+	// whose row keeps the name's last token, frees it in place as a release does.
+	revokeNowPostgres = `WITH d AS (DELETE FROM sqllock_lease WHERE lock_key = $1 RETURNING lock_key)
+SELECT count(*) FROM (SELECT pg_notify('` + channel + `', encode(lock_key, 'hex')) FROM d) x`
+	revokeNowMySQL = `UPDATE sqllock_lease SET holds = 0, owner = ?, expires_at = LEAST(expires_at, UTC_TIMESTAMP(6))
+WHERE lock_key = ? AND holds > 0 AND expires_at > UTC_TIMESTAMP(6)`
+	revokedOwner = "R"
 	// forgetProbeMySQL looks for that row without locking it (see Locker.forget).
 	forgetProbeMySQL = `SELECT 1 FROM sqllock_lease WHERE lock_key = ? AND owner = ?`
 

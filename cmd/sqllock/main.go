@@ -84,8 +84,8 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/sqllock/sqllock"
-	"github.com/sqllock/sqllock/internal/namekey"
 	"github.com/sqllock/sqllock/migrations"
+	"github.com/sqllock/sqllock/uniqueindex"
 )
 
 func main() {
@@ -208,54 +208,13 @@ func display(name string) string {
 	return name
 }
 
-// revoked is the owner a revoked lease row gets: no acquisition has it (theirs start
-// with 'L' or 'K'), so the holder's renewals, Check and Release find the row gone.
-const revoked = "R"
-
 func forceRelease(ctx context.Context, db *sql.DB, d sqllock.Dialect, name string, now bool, out io.Writer) error {
-	if err := sqllock.ValidateName(name); err != nil {
-		return err
-	}
-	key := namekey.Key(name)
-	var n int64
-	switch {
-	case now && d == sqllock.Postgres:
-		// Wake waiters as a Release does (channel and payload of uniqueindex).
-		q := `WITH d AS (DELETE FROM sqllock_lease WHERE lock_key = $1 RETURNING lock_key)
-SELECT count(*) FROM (SELECT pg_notify('sqllock_lease', encode(lock_key, 'hex')) FROM d) x`
-		if err := db.QueryRowContext(ctx, q, key).Scan(&n); err != nil {
-			return err
-		}
-	case now:
-		// MySQL keeps a lease row while its name is in use (its token is the last one
-		// granted): free it in place, as a Release does.
-		res, err := db.ExecContext(ctx, "UPDATE sqllock_lease SET holds = 0, owner = ?, expires_at = LEAST(expires_at, UTC_TIMESTAMP(6)) "+
-			"WHERE lock_key = ? AND holds > 0 AND expires_at > UTC_TIMESTAMP(6)", []byte(revoked), key)
-		if err != nil {
-			return err
-		}
-		if n, err = res.RowsAffected(); err != nil {
-			return err
-		}
-	default:
-		q := "UPDATE sqllock_lease SET owner = ? WHERE lock_key = ? AND owner <> ? AND expires_at > UTC_TIMESTAMP(6)"
-		if d == sqllock.Postgres {
-			q = "UPDATE sqllock_lease SET owner = $1 WHERE lock_key = $2 AND owner <> $1 AND expires_at > clock_timestamp()"
-		}
-		args := []any{[]byte(revoked), key, []byte(revoked)}
-		if d == sqllock.Postgres {
-			args = args[:2]
-		}
-		res, err := db.ExecContext(ctx, q, args...)
-		if err != nil {
-			return err
-		}
-		if n, err = res.RowsAffected(); err != nil {
-			return err
-		}
-	}
-	if n == 0 {
+	err := uniqueindex.ForceRelease(ctx, db, d, name, now)
+	if errors.Is(err, sqllock.ErrNotHeld) {
 		return fmt.Errorf("no live lease named %s", display(name))
+	}
+	if err != nil {
+		return err
 	}
 	if now {
 		fmt.Fprintf(out, "released %s now (its holder may still run until its next renewal)\n", display(name))
