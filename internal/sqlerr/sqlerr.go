@@ -21,7 +21,7 @@ type Class int
 const (
 	Other          Class = iota
 	Duplicate            // unique violation: 23505, 1062
-	Deadlock             // 40P01, 1213
+	Deadlock             // 40P01, 1213, 3058 (user-level locks, MySQL 8 and later)
 	Serialization        // 40001
 	LockTimeout          // lock wait timed out or NOWAIT refused: 55P03, 1205, 3572
 	Canceled             // statement cancelled: 57014, 1317, 3024
@@ -61,7 +61,7 @@ func Classify(err error) Class {
 		switch my.Number {
 		case 1062:
 			return Duplicate
-		case 1213:
+		case 1213, 3058:
 			return Deadlock
 		case 1205, 3572:
 			return LockTimeout

@@ -2,6 +2,7 @@ package sqlerr_test
 
 import (
 	"context"
+	"database/sql"
 	"database/sql/driver"
 	"errors"
 	"fmt"
@@ -62,6 +63,12 @@ func TestClassifyRealErrors(t *testing.T) {
 		tx2.Rollback()
 		tx.Rollback()
 
+		// Two sessions each holding a session lock and waiting for the other's: the
+		// server ends one wait with a deadlock error (MySQL 8 and later: 3058 for
+		// user-level locks; MariaDB: 1213; PostgreSQL: 40P01 after deadlock_timeout).
+		err = lockCycle(ctx, t, d, db, admin)
+		want(t, "session lock deadlock", err, sqlerr.Deadlock, true)
+
 		// A session killed by the server.
 		conn, err := db.Conn(ctx)
 		if err != nil {
@@ -91,6 +98,69 @@ func TestClassifyRealErrors(t *testing.T) {
 		}
 		want(t, "killed session", err, sqlerr.SessionLost, false)
 	})
+}
+
+// lockCycle makes two sessions of db wait for each other's session lock (advisory
+// lock, GET_LOCK), and returns the error the server ended one of the waits with.
+func lockCycle(ctx context.Context, t *testing.T, d sqllock.Dialect, db, admin *sql.DB) error {
+	t.Helper()
+	lock, idQ := "SELECT pg_advisory_lock(%d)", "SELECT pg_backend_pid()"
+	if d == sqllock.MySQL {
+		lock, idQ = "SELECT GET_LOCK('sqllock_sqlerr_%d', 30)", "SELECT CONNECTION_ID()"
+	}
+	base := 7340000 + int64(os.Getpid())*2
+	var conns [2]*sql.Conn
+	var ids [2]int64
+	for i := range conns {
+		c, err := db.Conn(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Closing the session frees whatever it still holds.
+		t.Cleanup(func() { c.Raw(func(any) error { return driver.ErrBadConn }); c.Close() })
+		if err := c.QueryRowContext(ctx, idQ).Scan(&ids[i]); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.ExecContext(ctx, fmt.Sprintf(lock, base+int64(i))); err != nil {
+			t.Fatal(err)
+		}
+		conns[i] = c
+	}
+	type result struct {
+		i   int
+		err error
+	}
+	done := make(chan result, 2)
+	wait := func(i int, key int64) {
+		_, err := conns[i].ExecContext(ctx, fmt.Sprintf(lock, key))
+		done <- result{i, err}
+	}
+	go wait(0, base+1)
+	// Wait until the first session waits for the second's lock.
+	waitQ := "SELECT cardinality(pg_blocking_pids($1::int)) > 0"
+	if d == sqllock.MySQL {
+		waitQ = "SELECT COUNT(*) > 0 FROM information_schema.PROCESSLIST WHERE ID = ? AND INFO LIKE 'SELECT GET_LOCK%'"
+	}
+	for waiting := false; !waiting; {
+		if err := admin.QueryRowContext(ctx, waitQ, ids[0]).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+	}
+	go wait(1, base)
+	// The server ends one wait (which one is its choice); that session then gives its
+	// locks up, and the other's wait is granted.
+	r := <-done
+	unlockAll := "SELECT pg_advisory_unlock_all()"
+	if d == sqllock.MySQL {
+		unlockAll = "SELECT RELEASE_ALL_LOCKS()"
+	}
+	if _, err := conns[r.i].ExecContext(ctx, unlockAll); err != nil {
+		t.Fatal(err)
+	}
+	if other := <-done; other.err != nil {
+		t.Errorf("the other wait: %v", other.err)
+	}
+	return r.err
 }
 
 func want(t *testing.T, what string, err error, c sqlerr.Class, transient bool) {
