@@ -166,15 +166,20 @@ func (p *Pool) SessionID(ctx context.Context, conn *sql.Conn) (int64, error) {
 
 // record remembers sid as conn's session id (0: nothing to remember).
 func (p *Pool) record(conn *sql.Conn, sid int64) {
+	p.mu.Lock()
+	p.recordLocked(conn, sid)
+	p.mu.Unlock()
+}
+
+// recordLocked is record with mu held.
+func (p *Pool) recordLocked(conn *sql.Conn, sid int64) {
 	if sid == 0 {
 		return
 	}
-	p.mu.Lock()
 	if p.ids == nil {
 		p.ids = make(map[*sql.Conn]int64)
 	}
 	p.ids[conn] = sid
-	p.mu.Unlock()
 }
 
 // forget drops what the Pool remembers of conn, which leaves it.
@@ -196,8 +201,8 @@ func (p *Pool) PutSession(conn *sql.Conn, sid int64) {
 		conn.Close()
 		return
 	}
-	p.record(conn, sid)
 	p.mu.Lock()
+	p.recordLocked(conn, sid)
 	if !p.closed && len(p.idle)+p.reserved < MaxIdle && p.roomy() {
 		p.keepLocked(conn)
 		p.mu.Unlock()
@@ -234,8 +239,8 @@ func (p *Pool) Unreserve() {
 // PutKept gives back, after Reserve, a healthy session that holds no lock and still
 // carries its strategy's settings; sid is its session id (see GetSession).
 func (p *Pool) PutKept(conn *sql.Conn, sid int64) {
-	p.record(conn, sid)
 	p.mu.Lock()
+	p.recordLocked(conn, sid)
 	p.reserved--
 	if !p.closed {
 		p.keepLocked(conn)
