@@ -31,6 +31,8 @@ type cell struct {
 	raw, peer string
 	// peerOf (peer cells only) names the cells whose peer this is.
 	peerOf []string
+	// isPeer marks a peer library's cell.
+	isPeer bool
 	// pool, if set, opens the client's pool in place of target.open (a peer on
 	// another driver); it must count into wc.
 	pool func(t *target, wc *wireCount) (*sql.DB, error)
@@ -94,6 +96,7 @@ func cellsFor(d sqllock.Dialect) []cell {
 	cs = slices.DeleteFunc(cs, func(c cell) bool { return c.pgOnly && d != sqllock.Postgres })
 	if peerCells != nil {
 		for _, p := range peerCells(d) {
+			p.isPeer = true
 			for i := range cs {
 				if slices.Contains(p.peerOf, cs[i].name) {
 					cs[i].peer = p.name

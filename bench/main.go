@@ -219,7 +219,7 @@ func runDialect(ctx context.Context, c config, t *target) (dialectReport, error)
 				}
 				p.f(res)
 			}
-			if cl.raw != "" && !strings.HasPrefix(cl.name, "raw ") && len(cl.peerOf) == 0 && m[mErrors] == 0 {
+			if cl.raw != "" && !strings.HasPrefix(cl.name, "raw ") && !cl.isPeer && c.dur > 0 && m[mErrors] == 0 {
 				if err := pairedRatios(ctx, t, cl, cells, m, fmt.Sprintf("bench/%s/paired/r%d/%d", cl.name, r, time.Now().UnixNano()), c.dur); err != nil {
 					if ctx.Err() != nil {
 						return dialectReport{}, ctx.Err()
@@ -250,11 +250,14 @@ func runDialect(ctx context.Context, c config, t *target) (dialectReport, error)
 // pairedRatios runs cl in turns with its raw cell and, if it is in the run, its peer
 // (see paired), each for dur, and records the ratios in m.
 func pairedRatios(ctx context.Context, t *target, cl cell, cells []cell, m metrics, name string, dur time.Duration) error {
-	cs := []cell{cl}
-	for _, other := range []string{cl.raw, cl.peer} {
-		if i := slices.IndexFunc(cells, func(c cell) bool { return c.name == other }); other != "" && i >= 0 {
-			cs = append(cs, cells[i])
-		}
+	find := func(name string) int { return slices.IndexFunc(cells, func(c cell) bool { return c.name == name }) }
+	i := find(cl.raw)
+	if i < 0 {
+		return fmt.Errorf("raw cell %q is not in the run", cl.raw)
+	}
+	cs := []cell{cl, cells[i]}
+	if j := find(cl.peer); cl.peer != "" && j >= 0 {
+		cs = append(cs, cells[j])
 	}
 	rates, err := paired(ctx, t, cs, name, dur)
 	if err != nil {

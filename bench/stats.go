@@ -193,6 +193,9 @@ const pairSlice = 100 * time.Millisecond
 // (on the shared 2-core machines here, two runs of one cell a minute apart differed by
 // up to 16 %), so their ratio is steadier than that of phases run apart.
 func paired(ctx context.Context, t *target, cs []cell, name string, dur time.Duration) ([]float64, error) {
+	// A cell that hangs is reported, not waited for.
+	ctx, cancel := context.WithTimeout(ctx, time.Duration(len(cs))*dur+time.Minute)
+	defer cancel()
 	var wc wireCount
 	clients := make([]client, len(cs))
 	var dbs []*sql.DB

@@ -3,6 +3,7 @@ package uniqueindex
 import (
 	"context"
 	"database/sql"
+	"fmt"
 
 	"github.com/sqllock/sqllock"
 	"github.com/sqllock/sqllock/internal/lease"
@@ -23,6 +24,9 @@ import (
 // the holder learns of it only at its next renewal: there may be two holders
 // meanwhile. Use it for a holder known to be dead.
 func ForceRelease(ctx context.Context, db *sql.DB, d sqllock.Dialect, name string, now bool) error {
+	if !d.Valid() {
+		return lease.NewError("force-release", d, name, sqllock.ErrInvalidOption, fmt.Errorf("unknown dialect %v", d))
+	}
 	if err := sqllock.ValidateName(name); err != nil {
 		return err
 	}

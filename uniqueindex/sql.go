@@ -118,7 +118,7 @@ WHERE lock_key = ? AND owner = ?`
 	revokeMySQL    = `UPDATE sqllock_lease SET owner = ? WHERE lock_key = ? AND owner <> ? AND expires_at > UTC_TIMESTAMP(6)`
 	// Now, PostgreSQL deletes the row and wakes the waiters as a release does; MySQL,
 	// whose row keeps the name's last token, frees it in place as a release does.
-	revokeNowPostgres = `WITH d AS (DELETE FROM sqllock_lease WHERE lock_key = $1 RETURNING lock_key)
+	revokeNowPostgres = `WITH d AS (DELETE FROM sqllock_lease WHERE lock_key = $1 AND expires_at > clock_timestamp() RETURNING lock_key)
 SELECT count(*) FROM (SELECT pg_notify('` + channel + `', encode(lock_key, 'hex')) FROM d) x`
 	revokeNowMySQL = `UPDATE sqllock_lease SET holds = 0, owner = ?, expires_at = LEAST(expires_at, UTC_TIMESTAMP(6))
 WHERE lock_key = ? AND holds > 0 AND expires_at > UTC_TIMESTAMP(6)`

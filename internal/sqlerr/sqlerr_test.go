@@ -145,6 +145,11 @@ func lockCycle(ctx context.Context, t *testing.T, d sqllock.Dialect, db, admin *
 		if err := admin.QueryRowContext(ctx, waitQ, ids[0]).Scan(&waiting); err != nil {
 			t.Fatal(err)
 		}
+		select {
+		case r := <-done:
+			t.Fatalf("the first session's wait ended before the cycle: %v", r.err)
+		default:
+		}
 	}
 	go wait(1, base)
 	// The server ends one wait (which one is its choice); that session then gives its
