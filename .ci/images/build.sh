@@ -184,8 +184,13 @@ build_one() {
 	"${chr[@]}" apt-get update -qq
 	# The cached base may be older than the suite (sid moves daily).
 	"${chr[@]}" apt-get upgrade -y -qq
+	# Downloaded with the host's network, installed in a network namespace of its own:
+	# a package script that looks for a free port (mysql-server's postinst gives up
+	# when 3306 and 3307 are both taken) must not see the build host's servers.
 	# shellcheck disable=SC2086
-	"${chr[@]}" apt-get install -y -qq --no-install-recommends $PACKAGES
+	"${chr[@]}" apt-get install -y -qq --no-install-recommends --download-only $PACKAGES
+	# shellcheck disable=SC2086
+	unshare --net "${chr[@]}" apt-get install -y -qq --no-install-recommends $PACKAGES
 	[ -d "$dir/files" ] && cp -a "$dir/files/." "$root/"
 	install -m 755 "$dir/entrypoint.sh" "$root/usr/local/bin/docker-entrypoint.sh"
 	if [ -f "$dir/setup.sh" ]; then

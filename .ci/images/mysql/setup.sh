@@ -17,8 +17,9 @@ if grep -Eq '^[[:space:]]*(log[-_]error|bind[-_]address)[[:space:]]*=' /etc/mysq
 	exit 1
 fi
 # The package's postinst initialised a data directory (the entrypoint does that
-# on first start, with the requested users and passwords) and, when port 3306
-# was taken on the build host (a chroot shares its network), moved the port.
+# on first start, with the requested users and passwords). It ran in a network
+# namespace of its own (build.sh), so it found 3306 free; the port backoff files
+# it writes when it does not are removed all the same.
 rm -f /etc/mysql/mysql.conf.d/99-port-backoff.cnf /etc/mysql/conf.d/99-port-backoff.cnf
 rm -rf /var/lib/mysql /var/log/mysql/*
 mkdir -p /var/lib/mysql /var/lib/mysql-files /run/mysqld /docker-entrypoint-initdb.d
