@@ -101,25 +101,33 @@ WHERE t.trx_mysql_thread_id = ?`
 }
 
 // WaitsForLock reports whether session sid (a backend pid, or a MySQL connection id)
-// waits for a row lock: pg_stat_activity on PostgreSQL,
-// performance_schema.data_lock_waits on MySQL 8+ (information_schema.INNODB_TRX
-// fails there, error 3854, while any session runs a statement that is not valid
-// utf8mb3), information_schema.INNODB_TRX on MariaDB.
+// waits for a lock: a row lock, or a session lock (pg_advisory_lock, GET_LOCK).
+// PostgreSQL: pg_stat_activity (wait event type Lock covers both). MySQL 8+:
+// performance_schema.data_lock_waits and the pending USER LEVEL LOCKs of
+// performance_schema.metadata_locks (information_schema.INNODB_TRX and PROCESSLIST
+// fail there, error 3854, while any session runs a statement that is not valid
+// utf8mb3). MariaDB: information_schema.INNODB_TRX, and the processlist state "User
+// lock".
 func WaitsForLock(ctx context.Context, db *sql.DB, d sqllock.Dialect, sid int64) (bool, error) {
 	q := `SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND wait_event_type = 'Lock'`
+	args := []any{sid}
 	if d == sqllock.MySQL {
 		f, err := FlavorOf(ctx, db, d)
 		if err != nil {
 			return false, err
 		}
-		q = `SELECT COUNT(*) FROM performance_schema.data_lock_waits w
-JOIN performance_schema.threads t ON t.THREAD_ID = w.REQUESTING_THREAD_ID
-WHERE t.PROCESSLIST_ID = ?`
+		q = `SELECT (SELECT COUNT(*) FROM performance_schema.data_lock_waits w
+  JOIN performance_schema.threads t ON t.THREAD_ID = w.REQUESTING_THREAD_ID WHERE t.PROCESSLIST_ID = ?)
++ (SELECT COUNT(*) FROM performance_schema.metadata_locks m
+  JOIN performance_schema.threads t ON t.THREAD_ID = m.OWNER_THREAD_ID
+  WHERE t.PROCESSLIST_ID = ? AND m.OBJECT_TYPE = 'USER LEVEL LOCK' AND m.LOCK_STATUS = 'PENDING')`
 		if f == FlavorMariaDB {
-			q = `SELECT COUNT(*) FROM information_schema.INNODB_TRX WHERE trx_mysql_thread_id = ? AND trx_state = 'LOCK WAIT'`
+			q = `SELECT (SELECT COUNT(*) FROM information_schema.INNODB_TRX WHERE trx_mysql_thread_id = ? AND trx_state = 'LOCK WAIT')
++ (SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = ? AND STATE = 'User lock')`
 		}
+		args = append(args, sid)
 	}
 	var n int
-	err := db.QueryRowContext(ctx, q, sid).Scan(&n)
+	err := db.QueryRowContext(ctx, q, args...).Scan(&n)
 	return n > 0, err
 }

@@ -75,16 +75,11 @@ func TestClassifyRealErrors(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer conn.Close()
-		var id int64
-		idQ, killQ := "SELECT pg_backend_pid()", "SELECT pg_terminate_backend(%d)"
+		killQ := "SELECT pg_terminate_backend(%d)"
 		if d == sqllock.MySQL {
-			// KILL takes no placeholder on MySQL (6413).
-			idQ, killQ = "SELECT CONNECTION_ID()", "KILL %d"
+			killQ = "KILL %d" // KILL takes no placeholder on MySQL (6413)
 		}
-		if err := conn.QueryRowContext(ctx, idQ).Scan(&id); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := admin.ExecContext(ctx, fmt.Sprintf(killQ, id)); err != nil {
+		if _, err := admin.ExecContext(ctx, fmt.Sprintf(killQ, sessionID(ctx, t, d, conn))); err != nil {
 			t.Fatal(err)
 		}
 		// The kill is asynchronous on the server: the next statements fail once it lands.
@@ -100,13 +95,27 @@ func TestClassifyRealErrors(t *testing.T) {
 	})
 }
 
+// sessionID returns the server's id of conn's session.
+func sessionID(ctx context.Context, t *testing.T, d sqllock.Dialect, conn *sql.Conn) int64 {
+	t.Helper()
+	q := "SELECT pg_backend_pid()"
+	if d == sqllock.MySQL {
+		q = "SELECT CONNECTION_ID()"
+	}
+	var id int64
+	if err := conn.QueryRowContext(ctx, q).Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
 // lockCycle makes two sessions of db wait for each other's session lock (advisory
 // lock, GET_LOCK), and returns the error the server ended one of the waits with.
 func lockCycle(ctx context.Context, t *testing.T, d sqllock.Dialect, db, admin *sql.DB) error {
 	t.Helper()
-	lock, idQ := "SELECT pg_advisory_lock(%d)", "SELECT pg_backend_pid()"
+	lock := "SELECT pg_advisory_lock(%d)"
 	if d == sqllock.MySQL {
-		lock, idQ = "SELECT GET_LOCK('sqllock_sqlerr_%d', 30)", "SELECT CONNECTION_ID()"
+		lock = "SELECT GET_LOCK('sqllock_sqlerr_%d', 30)"
 	}
 	base := 7340000 + int64(os.Getpid())*2
 	var conns [2]*sql.Conn
@@ -118,9 +127,7 @@ func lockCycle(ctx context.Context, t *testing.T, d sqllock.Dialect, db, admin *
 		}
 		// Closing the session frees whatever it still holds.
 		t.Cleanup(func() { c.Raw(func(any) error { return driver.ErrBadConn }); c.Close() })
-		if err := c.QueryRowContext(ctx, idQ).Scan(&ids[i]); err != nil {
-			t.Fatal(err)
-		}
+		ids[i] = sessionID(ctx, t, d, c)
 		if _, err := c.ExecContext(ctx, fmt.Sprintf(lock, base+int64(i))); err != nil {
 			t.Fatal(err)
 		}
@@ -137,12 +144,9 @@ func lockCycle(ctx context.Context, t *testing.T, d sqllock.Dialect, db, admin *
 	}
 	go wait(0, base+1)
 	// Wait until the first session waits for the second's lock.
-	waitQ := "SELECT cardinality(pg_blocking_pids($1::int)) > 0"
-	if d == sqllock.MySQL {
-		waitQ = "SELECT COUNT(*) > 0 FROM information_schema.PROCESSLIST WHERE ID = ? AND INFO LIKE 'SELECT GET_LOCK%'"
-	}
 	for waiting := false; !waiting; {
-		if err := admin.QueryRowContext(ctx, waitQ, ids[0]).Scan(&waiting); err != nil {
+		var err error
+		if waiting, err = testdb.WaitsForLock(ctx, admin, d, ids[0]); err != nil {
 			t.Fatal(err)
 		}
 		select {
