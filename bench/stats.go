@@ -58,34 +58,14 @@ type phaseResult struct {
 // name in a loop for p.dur.
 func (p phase) run(ctx context.Context, t *target, c cell, name string) (phaseResult, error) {
 	var wc wireCount
-	var clients []client
-	var dbs []*sql.DB
-	defer func() {
-		for _, cl := range clients {
-			cl.close()
-		}
-		for _, db := range dbs {
-			db.Close()
-		}
-	}()
-	for range p.clients {
-		cl, db, err := openClient(ctx, t, c, &wc)
-		if db != nil {
-			dbs = append(dbs, db)
-		}
-		if err != nil {
-			return phaseResult{}, err
-		}
-		clients = append(clients, cl)
+	cells, names := make([]cell, p.clients), make([]string, p.clients)
+	for i := range cells {
+		cells[i], names[i] = c, p.clientName(name, i)
 	}
-	for i, cl := range clients { // warm-up: connections, prepared statements
-		unlock, err := cl.lock(ctx, p.clientName(name, i))
-		if err == nil {
-			err = unlock(ctx)
-		}
-		if err != nil {
-			return phaseResult{}, fmt.Errorf("%s: warm-up: %w", c.name, err)
-		}
+	clients, closeAll, err := openClients(ctx, t, cells, names, &wc)
+	defer closeAll()
+	if err != nil {
+		return phaseResult{}, err
 	}
 
 	var (
@@ -165,22 +145,46 @@ func (p phase) run(ctx context.Context, t *target, c cell, name string) (phaseRe
 	return r, nil
 }
 
-// openClient opens a pool of its own (counting into wc) and one client of c over it.
-// The caller closes the client, then the pool, which is returned even with an error.
-func openClient(ctx context.Context, t *target, c cell, wc *wireCount) (client, *sql.DB, error) {
-	open := t.open
-	if c.pool != nil {
-		open = func(wc *wireCount) (*sql.DB, error) { return c.pool(t, wc) }
+// openClients opens one client of each of cells, each over a pool of its own
+// counting into wc, and warms each up (connections, prepared statements) with one
+// acquisition of its name in names. closeAll closes the clients, then the pools;
+// call it even after an error.
+func openClients(ctx context.Context, t *target, cells []cell, names []string, wc *wireCount) (clients []client, closeAll func(), err error) {
+	var dbs []*sql.DB
+	closeAll = func() {
+		for _, cl := range clients {
+			cl.close()
+		}
+		for _, db := range dbs {
+			db.Close()
+		}
 	}
-	db, err := open(wc)
-	if err != nil {
-		return nil, nil, err
+	for _, c := range cells {
+		open := t.open
+		if c.pool != nil {
+			open = func(wc *wireCount) (*sql.DB, error) { return c.pool(t, wc) }
+		}
+		db, err := open(wc)
+		if err != nil {
+			return clients, closeAll, err
+		}
+		dbs = append(dbs, db)
+		cl, err := c.open(ctx, db, t.d)
+		if err != nil {
+			return clients, closeAll, fmt.Errorf("%s: %w", c.name, err)
+		}
+		clients = append(clients, cl)
 	}
-	cl, err := c.open(ctx, db, t.d)
-	if err != nil {
-		return nil, db, fmt.Errorf("%s: %w", c.name, err)
+	for i, cl := range clients {
+		unlock, err := cl.lock(ctx, names[i])
+		if err == nil {
+			err = unlock(ctx)
+		}
+		if err != nil {
+			return clients, closeAll, fmt.Errorf("%s: warm-up: %w", cells[i].name, err)
+		}
 	}
-	return cl, db, nil
+	return clients, closeAll, nil
 }
 
 // pairSlice is how long each cell of a paired run runs before the next takes over.
@@ -197,32 +201,17 @@ func paired(ctx context.Context, t *target, cs []cell, name string, dur time.Dur
 	ctx, cancel := context.WithTimeout(ctx, time.Duration(len(cs))*dur+time.Minute)
 	defer cancel()
 	var wc wireCount
-	clients := make([]client, len(cs))
-	var dbs []*sql.DB
-	defer func() {
-		for _, cl := range clients {
-			if cl != nil {
-				cl.close()
-			}
-		}
-		for _, db := range dbs {
-			db.Close()
-		}
-	}()
 	names := make([]string, len(cs))
-	for i, c := range cs {
+	for i := range cs {
 		names[i] = fmt.Sprintf("%s/p%d", name, i)
 		if err := ensureRow(ctx, t.setup, t.d, names[i]); err != nil {
 			return nil, err
 		}
-		cl, db, err := openClient(ctx, t, c, &wc)
-		if db != nil {
-			dbs = append(dbs, db)
-		}
-		if err != nil {
-			return nil, err
-		}
-		clients[i] = cl
+	}
+	clients, closeAll, err := openClients(ctx, t, cs, names, &wc)
+	defer closeAll()
+	if err != nil {
+		return nil, err
 	}
 	pair := func(i int) error {
 		unlock, err := clients[i].lock(ctx, names[i])
@@ -233,11 +222,6 @@ func paired(ctx context.Context, t *target, cs []cell, name string, dur time.Dur
 			return fmt.Errorf("%s: %w", cs[i].name, err)
 		}
 		return nil
-	}
-	for i := range cs { // warm-up
-		if err := pair(i); err != nil {
-			return nil, err
-		}
 	}
 	n := make([]int64, len(cs))
 	spent := make([]time.Duration, len(cs))
