@@ -242,6 +242,23 @@ func TestMySQLLineWaiterKilled(t *testing.T) {
 	lc.Release(ctx)
 }
 
+// usedName returns the test's context, an admin pool, a Locker and a name that
+// Locker acquired and released n times (its dispenser exists).
+func usedName(t *testing.T, d sqllock.Dialect, n int) (context.Context, *sql.DB, *fairqueue.Locker, string) {
+	t.Helper()
+	ctx := testdb.Context(t, time.Minute)
+	l := newLocker(t, testdb.Open(t, d), d)
+	name := testdb.Name(t)
+	for range n {
+		le, err := l.Acquire(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		le.Release(ctx)
+	}
+	return ctx, testdb.Open(t, d), l, name
+}
+
 // TestSweptLastTicketNotDrawnAgain: the holder of the only ticket of a name dies (its
 // ticket expires), the reaper deletes the ticket, and the next acquisition gets a
 // larger token, never the dead holder's again. On MySQL the draw does not move the
@@ -249,17 +266,8 @@ func TestMySQLLineWaiterKilled(t *testing.T) {
 // ticket it deletes.
 func TestSweptLastTicketNotDrawnAgain(t *testing.T) {
 	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
-		ctx := testdb.Context(t, time.Minute)
-		admin := testdb.Open(t, d)
-		l := newLocker(t, testdb.Open(t, d), d)
-		name := testdb.Name(t)
-		for range 2 { // the second release is not the dispenser's first move
-			le, err := l.Acquire(ctx, name)
-			if err != nil {
-				t.Fatal(err)
-			}
-			le.Release(ctx)
-		}
+		// The second release is not the dispenser's first move.
+		ctx, admin, l, name := usedName(t, d, 2)
 		le, err := l.Acquire(ctx, name)
 		if err != nil {
 			t.Fatal(err)
@@ -347,21 +355,13 @@ func TestMySQLLineWaiterLosesTicket(t *testing.T) {
 // tickets go up to 2^63-1.
 func TestLargeTickets(t *testing.T) {
 	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
-		ctx := testdb.Context(t, time.Minute)
-		admin := testdb.Open(t, d)
-		l := newLocker(t, testdb.Open(t, d), d)
-		name := testdb.Name(t)
-		le, err := l.Acquire(ctx, name) // the dispenser
-		if err != nil {
-			t.Fatal(err)
-		}
-		le.Release(ctx)
+		ctx, admin, l, name := usedName(t, d, 1) // the dispenser
 		const big = int64(1) << 62
 		q := testdb.Rebind(d, "UPDATE sqllock_queue SET next_ticket = ? WHERE lock_key = ?")
 		if _, err := admin.ExecContext(ctx, q, big, namekey.Key(name)); err != nil {
 			t.Fatal(err)
 		}
-		le, err = l.Acquire(ctx, name) // alone
+		le, err := l.Acquire(ctx, name) // alone
 		if err != nil {
 			t.Fatal(err)
 		}
