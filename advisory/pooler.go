@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"encoding/hex"
 	"strconv"
+	"time"
 
 	"github.com/sqllock/sqllock/internal/deploy"
 	"github.com/sqllock/sqllock/internal/interrupt"
@@ -29,8 +30,10 @@ import (
 //
 // From then on the Locker refuses (ErrUnsafeDeployment): the lease it was taking is
 // given back, the lease whose session moved ends with ErrLost, and the backend left
-// holding a lock is terminated if it is idle (pg_terminate_backend of a backend of
-// the same role: the proxy drops that server connection and the lock dies with it).
+// holding a lock is freed: unlocked if the pooler hands that backend to the Locker's
+// statement, else terminated once it is idle, waited for up to 5 s if another client
+// is using it (pg_terminate_backend of a backend of the same role: the proxy drops
+// that server connection and the lock dies with it).
 // AcquireTx, whose lock is scoped to the caller's transaction, is the pooler-safe
 // form. In pgbouncer's session mode a client keeps its backend and DISCARD ALL clears
 // both locks and stamp when it leaves: session locks are safe there.
@@ -71,16 +74,49 @@ func (l *Locker) poolerSeen(why string) error {
 	return *l.st.pooled.Load()
 }
 
-// freeBackend ends backend pid if it is an idle session of this role holding an
-// advisory lock: a lock left on a pooled server connection dies with it. Best
+// freeBackend frees backend pid, a session of this role left holding an advisory
+// lock behind a pooler: a lock left on a pooled server connection must not outlive
+// the lease. If the statement runs on that backend itself (the pooler hands it out
+// again) it unlocks the backend's session locks there; otherwise it terminates the
+// backend once it is idle, and the lock dies with it. A backend in use by another
+// client at that moment (it runs a statement or a transaction of that client's) is
+// waited for, polling every freePoll, for up to lease.GiveBackTimeout: behind a
+// transaction-pooling proxy it is free again within the client's transaction. Best
 // effort: logged, never an error.
 func (l *Locker) freeBackend(ctx context.Context, pid int64) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), lease.GiveBackTimeout)
 	defer cancel()
-	var n int
-	err := l.db.QueryRowContext(ctx, `SELECT count(pg_terminate_backend(a.pid)) FROM pg_stat_activity a
-WHERE a.pid = $1 AND a.state = 'idle' AND a.backend_type = 'client backend' AND a.usename = current_user
-  AND EXISTS (SELECT 1 FROM pg_locks k WHERE k.pid = a.pid AND k.locktype = 'advisory' AND k.granted)`, pid).Scan(&n)
-	l.cfg.Logger.Warn("sqllock/advisory: terminating the pooled backend left holding a lock",
-		"pid", pid, "terminated", n, "err", err)
+	var holding, freed int
+	var err error
+	for waited := false; ; waited = true {
+		// holding: the backend still exists and holds an advisory lock; freed: its
+		// locks were unlocked here, or it was idle and is terminated (CASE evaluates
+		// the branch it takes only).
+		err = l.db.QueryRowContext(ctx, `SELECT count(*), coalesce(sum(CASE
+    WHEN a.pid = pg_backend_pid() THEN (SELECT 1 FROM pg_advisory_unlock_all() WHERE a.pid = pg_backend_pid())
+    WHEN a.state = 'idle' AND pg_terminate_backend(a.pid) THEN 1
+    ELSE 0 END), 0)
+FROM pg_stat_activity a
+WHERE a.pid = $1 AND a.backend_type = 'client backend' AND a.usename = current_user
+  AND EXISTS (SELECT 1 FROM pg_locks k WHERE k.pid = a.pid AND k.locktype = 'advisory' AND k.granted)`, pid).Scan(&holding, &freed)
+		if err != nil || holding == 0 || freed > 0 {
+			break
+		}
+		if !waited {
+			l.cfg.Logger.Warn("sqllock/advisory: the pooled backend left holding a lock is in use; waiting for it to be idle",
+				"pid", pid)
+		}
+		select {
+		case <-ctx.Done():
+			err = ctx.Err()
+		case <-time.After(freePoll):
+			continue
+		}
+		break
+	}
+	l.cfg.Logger.Warn("sqllock/advisory: freeing the pooled backend left holding a lock",
+		"pid", pid, "holding", holding, "freed", freed, "err", err)
 }
+
+// freePoll is how often freeBackend looks again at a backend in use.
+const freePoll = 10 * time.Millisecond

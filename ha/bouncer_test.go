@@ -4,8 +4,10 @@ package ha_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"testing"
@@ -14,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/sqllock/sqllock"
+	"github.com/sqllock/sqllock/advisory"
 	"github.com/sqllock/sqllock/testdb/ha"
 )
 
@@ -109,5 +112,134 @@ func TestBouncerHint(t *testing.T) {
 	}
 	if hinted != cacheErrs {
 		t.Errorf("%d of %d statement cache errors do not mention default_query_exec_mode", cacheErrs-hinted, cacheErrs)
+	}
+}
+
+// signalHandler is a slog handler that closes seen at the first record whose message
+// contains match.
+type signalHandler struct {
+	match string
+	once  *sync.Once
+	seen  chan struct{}
+}
+
+func (h signalHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h signalHandler) Handle(_ context.Context, r slog.Record) error {
+	if strings.Contains(r.Message, h.match) {
+		h.once.Do(func() { close(h.seen) })
+	}
+	return nil
+}
+func (h signalHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h signalHandler) WithGroup(string) slog.Handler      { return h }
+
+// TestBouncerLeftLockFreed: behind pgbouncer in transaction mode, an advisory lock
+// taken on a server backend that another client is using when the Locker finds out
+// (its unlock or keep-alive ran on another backend) is not left there: the Locker
+// waits for the backend to be free, then unlocks it there (pgbouncer hands it out
+// again) or terminates it, so no session holds the lock once the lease has ended
+// with ErrLost. The backend is kept busy by a transaction of
+// another client (pgbouncer hands out its server connections last in, first out, so
+// that transaction gets the lock's backend), ended once the Locker says it waits.
+func TestBouncerLeftLockFreed(t *testing.T) {
+	lab := ha.Start(t)
+	primary := postgresPair(t, lab, "sync", false)
+	txDSN := lab.BouncerDSN("transaction")
+	ctx := ctxFor(t, 2*time.Minute)
+	waiting := signalHandler{match: "waiting for it to be idle", once: new(sync.Once), seen: make(chan struct{})}
+	l := mustLocker(t, "advisory", lab.Open(t, "pgx", txDSN), sqllock.Postgres, lockerOpts{logger: slog.New(waiting)})
+	name := fmt.Sprintf("ha-bouncer-left/%d", time.Now().UnixNano())
+	clearStamps(t, lab.Open(t, "pgx", txDSN))
+	lease, err := l.Acquire(ctx, name)
+	if err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	k1, k2 := l.(*advisory.Locker).PostgresKeys(name)
+	var holder int64
+	if err := primary.QueryRowContext(ctx, `SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted
+  AND objsubid = 2 AND classid::bigint = $1 AND objid::bigint = $2`, int64(uint32(k1)), int64(uint32(k2))).Scan(&holder); err != nil {
+		t.Fatalf("the lock's backend: %v", err)
+	}
+
+	// Transactions of another client until one runs on the lock's backend.
+	other := lab.Open(t, "pgx", txDSN)
+	var busy *sql.Tx
+	var spare []*sql.Tx
+	for busy == nil {
+		if len(spare) >= 15 {
+			t.Fatalf("%d transactions through pgbouncer, none on backend %d", len(spare), holder)
+		}
+		tx, err := other.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var pid int64
+		if err := tx.QueryRowContext(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+			t.Fatal(err)
+		}
+		if pid == holder {
+			busy = tx
+		} else {
+			spare = append(spare, tx)
+		}
+	}
+	for _, tx := range spare {
+		tx.Rollback()
+	}
+	t.Logf("backend %d holds the lock and runs another client's transaction (%d others tried first)", holder, len(spare))
+
+	released := make(chan error, 1)
+	go func() { released <- lease.Release(ctx) }()
+	var rerr error
+	done := false
+	select {
+	case <-waiting.seen: // the Locker found out and waits for the backend
+	case rerr = <-released:
+		done = true
+		t.Errorf("Release returned without waiting for the busy backend %d", holder)
+	case <-ctx.Done():
+		t.Fatal("the Locker never waited for the busy backend")
+	}
+	if err := busy.Commit(); err != nil {
+		t.Fatalf("the other client's transaction: %v", err)
+	}
+	if !done {
+		rerr = <-released
+	}
+	if !errors.Is(rerr, sqllock.ErrLost) {
+		t.Errorf("Release: %v; want ErrLost (the lock's session moved)", rerr)
+	}
+	if n := advisoryHeld(t, primary, name); n != 0 {
+		t.Errorf("%d sessions still hold the lock", n)
+	}
+	// The Locker refuses from then on.
+	if _, err := l.TryAcquire(ctx, name); !isRefusal(err) {
+		t.Errorf("TryAcquire after the refusal: %v; want ErrUnsafeDeployment", err)
+	}
+}
+
+// clearStamps empties the session stamp (sqllock.session) that advisory Lockers of
+// earlier tests left on the server backends of pgbouncer's pool, by which a new
+// Locker's first statement on such a backend would refuse at once: a transaction on
+// each of the pool's backends (default_pool_size, 20, at once) sets it to ”.
+func clearStamps(t *testing.T, db *sql.DB) {
+	t.Helper()
+	ctx := ctxFor(t, 30*time.Second)
+	const poolSize = 20
+	var txs []*sql.Tx
+	for range poolSize {
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatalf("clearing stamps: %v", err)
+		}
+		txs = append(txs, tx)
+		if _, err := tx.ExecContext(ctx, "SELECT set_config('sqllock.session', '', false)"); err != nil {
+			t.Fatalf("clearing stamps: %v", err)
+		}
+	}
+	for _, tx := range txs {
+		if err := tx.Commit(); err != nil {
+			t.Fatalf("clearing stamps: %v", err)
+		}
 	}
 }
