@@ -321,7 +321,7 @@ func (s *session) unlock(ctx context.Context, keep bool) (bool, error) {
 		return n == 1, err
 	}
 	var got sql.NullInt64
-	err := s.conn.QueryRowContext(ctx, "SELECT RELEASE_LOCK('"+s.id.myName+"')").Scan(&got)
+	err := s.l.myRow(ctx, s.conn, "SELECT RELEASE_LOCK(?)", s.id.myName).Scan(&got)
 	return got.Valid && got.Int64 == 1, err
 }
 

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -226,7 +227,8 @@ func (l *Locker) sawContention(id lockID) {
 // this Locker used the session before (pin.Pool keeps it), else 0; the session id is
 // returned. sent is when the last statement before the lease starts was sent. The
 // name is hex and the timeout a number formatted here, so each statement is sent as
-// text with no parameters: one round trip.
+// text with no parameters (one round trip), or, without a token on a session the
+// Locker reuses, prepared (myRow).
 //
 // Statements per acquisition, the release not counted:
 //   - a session whose id is known (the usual case: the Locker keeps sessions for
@@ -247,7 +249,7 @@ func (l *Locker) myLock(ctx context.Context, conn *sql.Conn, sid int64, id lockI
 			tok, ok, err = l.myRun.Drawn(ctx, conn, l.myRun.TryLockDraw("GET_LOCK("+name+", 0)"))
 		} else {
 			var got sql.NullInt64
-			err = conn.QueryRowContext(ctx, "SELECT GET_LOCK("+name+", 0), CONNECTION_ID()").Scan(&got, &sid)
+			err = l.myRow(ctx, conn, "SELECT GET_LOCK(?, 0), CONNECTION_ID()", id.myName).Scan(&got, &sid)
 			if err == nil && !got.Valid {
 				err = errors.New("GET_LOCK returned NULL")
 			}
@@ -277,6 +279,16 @@ func (l *Locker) myLock(ctx context.Context, conn *sql.Conn, sid int64, id lockI
 		}
 	}
 	return sid, tok, sent, true, false, nil
+}
+
+// myRow runs query, whose one parameter (?) is a lock name, on conn: prepared if the
+// Locker's pin.Pool keeps conn's session for reuse (pin.Pool.Stmt), else as text with
+// the name inlined (one round trip; a MySQL lock name is "sqllock:" and hex digits).
+func (l *Locker) myRow(ctx context.Context, conn *sql.Conn, query, myName string) *sql.Row {
+	if st := l.pins.Stmt(ctx, conn, query); st != nil {
+		return st.QueryRowContext(ctx, myName)
+	}
+	return conn.QueryRowContext(ctx, strings.Replace(query, "?", "'"+myName+"'", 1))
 }
 
 // myWait waits on session sid (conn) until it holds the lock or ctx ends. The

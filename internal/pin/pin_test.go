@@ -68,10 +68,98 @@ func TestSessionID(t *testing.T) {
 			p.Discard(again)
 		}
 		p.mu.Lock()
-		left := len(p.ids)
+		left := len(p.sess)
 		p.mu.Unlock()
 		if left != 0 {
 			t.Errorf("%d sessions remembered after every connection left the Pool", left)
+		}
+	})
+}
+
+// TestStmt: on MySQL, Stmt prepares a statement only on a session the Pool handed
+// out again after keeping it (nil on a session used once: the caller runs text),
+// prepares it once per session however often it is asked, and closes it when the
+// session returns to the application's pool (the session's own Com_stmt_* counts
+// show it). On PostgreSQL it always returns nil (pgx prepares by itself).
+func TestStmt(t *testing.T) {
+	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
+		db := testdb.Open(t, d)
+		db.SetMaxIdleConns(1) // the session Close returns is the one db.Conn hands out next
+		p := New(db, d, 30*time.Second, slog.New(slog.DiscardHandler))
+		defer p.Close()
+		ctx := testdb.Context(t, 30*time.Second)
+		const q = "SELECT ? + 1"
+		conn, err := p.Get(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st := p.Stmt(ctx, conn, q); st != nil {
+			t.Fatalf("Stmt on a session used once = %v, want nil", st)
+		}
+		p.Put(conn)
+		if d == sqllock.Postgres {
+			return
+		}
+		again, err := p.Get(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if again != conn {
+			t.Fatal("Get did not hand out the kept connection")
+		}
+		var sid int64
+		if err := again.QueryRowContext(ctx, "SELECT CONNECTION_ID()").Scan(&sid); err != nil {
+			t.Fatal(err)
+		}
+		st := p.Stmt(ctx, again, q)
+		if st == nil {
+			t.Fatal("Stmt on a reused session = nil, want a prepared statement")
+		}
+		for i := range 3 {
+			if p.Stmt(ctx, again, q) != st {
+				t.Fatal("Stmt prepared the statement again")
+			}
+			var got int
+			if err := st.QueryRowContext(ctx, i).Scan(&got); err != nil || got != i+1 {
+				t.Fatalf("the statement: %d, %v; want %d", got, err, i+1)
+			}
+		}
+		p.Put(again)
+		p.Close() // returns the kept session to db's pool
+		back, err := db.Conn(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer back.Close()
+		var sid2 int64
+		if err := back.QueryRowContext(ctx, "SELECT CONNECTION_ID()").Scan(&sid2); err != nil {
+			t.Fatal(err)
+		}
+		if sid2 != sid {
+			t.Fatalf("db handed out session %d, not the Pool's %d", sid2, sid)
+		}
+		counts := map[string]int{}
+		rows, err := back.QueryContext(ctx, "SHOW SESSION STATUS WHERE Variable_name IN ('Com_stmt_prepare', 'Com_stmt_execute', 'Com_stmt_close')")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var k string
+			var v int
+			if err := rows.Scan(&k, &v); err != nil {
+				t.Fatal(err)
+			}
+			counts[k] = v
+		}
+		if err := rows.Err(); err != nil {
+			t.Fatal(err)
+		}
+		want := map[string]int{"Com_stmt_prepare": 1, "Com_stmt_execute": 3, "Com_stmt_close": 1}
+		for k, v := range want {
+			if counts[k] != v {
+				t.Errorf("%s = %d on the session, want %d (%v)", k, counts[k], v, counts)
+			}
 		}
 	})
 }
