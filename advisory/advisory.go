@@ -145,6 +145,9 @@ type lockerState struct {
 	pooled atomic.Pointer[error]
 
 	contention contention // MySQL: when names were last seen held elsewhere
+
+	// freeing: freeBackend's waits for a pooled backend in use (see pooler.go).
+	freeing sync.WaitGroup
 }
 
 var _ sqllock.Locker = (*Locker)(nil)
@@ -179,10 +182,12 @@ func New(db *sql.DB, d sqllock.Dialect, opts ...Option) (*Locker, error) {
 	}, nil
 }
 
-// Close returns the idle sessions the Locker keeps for reuse to the pool. Held
-// leases stay valid until released. Idempotent.
+// Close returns the idle sessions the Locker keeps for reuse to the pool, and waits
+// (at most 5 s) for the freeing of a lock left behind a transaction-pooling proxy
+// (see Poolers and clusters). Held leases stay valid until released. Idempotent.
 func (l *Locker) Close() error {
 	l.pins.Close()
+	l.st.freeing.Wait()
 	return nil
 }
 

@@ -60,12 +60,13 @@
 // on another backend than the lock's. From then on the Locker refuses with
 // sqllock.ErrUnsafeDeployment, gives back what it was taking, ends the held lease
 // with sqllock.ErrLost, and frees the backend left holding the lock (unlocks it
-// there, or terminates it once it is idle, waiting up to 5 s while another client
-// uses it). Detection needs the pooler to move a session at least once, so
-// exclusion before that cannot be trusted either: behind such poolers on PostgreSQL
-// use AcquireTx, which holds the lock for one transaction (pg_advisory_xact_lock);
-// on MySQL use a row-based strategy (uniqueindex). pgbouncer in session mode keeps a
-// client on one backend and clears its locks (DISCARD ALL) when it leaves: safe.
+// there, or terminates it once it is idle; while another client uses it, in the
+// background for up to 5 s, which Close waits for). Detection needs the pooler to
+// move a session at least once, so exclusion before that cannot be trusted either:
+// behind such poolers on PostgreSQL use AcquireTx, which holds the lock for one
+// transaction (pg_advisory_xact_lock); on MySQL use a row-based strategy
+// (uniqueindex). pgbouncer in session mode keeps a client on one backend and clears
+// its locks (DISCARD ALL) when it leaves: safe.
 //
 // On a MariaDB Galera node (wsrep_on=ON) GET_LOCK is local to the node: clients of
 // two nodes would both hold the lock. The Locker's first acquisition refuses with

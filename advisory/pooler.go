@@ -31,9 +31,9 @@ import (
 // From then on the Locker refuses (ErrUnsafeDeployment): the lease it was taking is
 // given back, the lease whose session moved ends with ErrLost, and the backend left
 // holding a lock is freed: unlocked if the pooler hands that backend to the Locker's
-// statement, else terminated once it is idle, waited for up to 5 s if another client
-// is using it (pg_terminate_backend of a backend of the same role: the proxy drops
-// that server connection and the lock dies with it).
+// statement, else terminated once it is idle, waited for in the background for up to
+// 5 s if another client is using it (pg_terminate_backend of a backend of the same
+// role: the proxy drops that server connection and the lock dies with it).
 // AcquireTx, whose lock is scoped to the caller's transaction, is the pooler-safe
 // form. In pgbouncer's session mode a client keeps its backend and DISCARD ALL clears
 // both locks and stamp when it leaves: session locks are safe there.
@@ -78,45 +78,74 @@ func (l *Locker) poolerSeen(why string) error {
 // lock behind a pooler: a lock left on a pooled server connection must not outlive
 // the lease. If the statement runs on that backend itself (the pooler hands it out
 // again) it unlocks the backend's session locks there; otherwise it terminates the
-// backend once it is idle, and the lock dies with it. A backend in use by another
-// client at that moment (it runs a statement or a transaction of that client's) is
-// waited for, polling every freePoll, for up to lease.GiveBackTimeout: behind a
-// transaction-pooling proxy it is free again within the client's transaction. Best
-// effort: logged, never an error.
+// backend once it has been idle for freeIdle, and the lock dies with it. A backend
+// in use by another client (it runs a statement or a transaction of that client's)
+// is waited for in the background, polling every freePoll for up to
+// lease.GiveBackTimeout, so that the caller (Release, Acquire, the keep-alive)
+// returns at once; Close waits for it. Behind a transaction-pooling proxy the
+// backend is free again when the other client's transaction ends.
+//
+// The termination races with the proxy: between the statement's look at the
+// backend and pg_terminate_backend the proxy may hand that backend to another
+// client, whose transaction then fails with a terminated connection. Requiring
+// freeIdle of idleness makes it rare (a proxy hands out its most recently used
+// server connections first), not impossible. Best effort: logged, never an error.
 func (l *Locker) freeBackend(ctx context.Context, pid int64) {
+	if l.freeAttempt(ctx, pid) {
+		return
+	}
+	l.cfg.Logger.Warn("sqllock/advisory: the pooled backend left holding a lock is in use; waiting for it to be idle",
+		"pid", pid)
+	l.st.freeing.Go(func() {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), lease.GiveBackTimeout)
+		defer cancel()
+		t := time.NewTicker(freePoll)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				l.cfg.Logger.Warn("sqllock/advisory: the pooled backend left holding a lock stayed in use; giving up",
+					"pid", pid, "waited", lease.GiveBackTimeout)
+				return
+			case <-t.C:
+			}
+			if l.freeAttempt(ctx, pid) {
+				return
+			}
+		}
+	})
+}
+
+// freeAttempt makes one attempt of freeBackend's, and reports whether it is done:
+// the backend was freed or holds nothing, or the attempt failed (logged). It
+// reports false while the backend is in use.
+func (l *Locker) freeAttempt(ctx context.Context, pid int64) bool {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), lease.GiveBackTimeout)
 	defer cancel()
+	// holding: the backend still exists and holds an advisory lock; freed: its locks
+	// were unlocked here, or it was idle long enough and is terminated (CASE
+	// evaluates the branch it takes only).
 	var holding, freed int
-	var err error
-	for waited := false; ; waited = true {
-		// holding: the backend still exists and holds an advisory lock; freed: its
-		// locks were unlocked here, or it was idle and is terminated (CASE evaluates
-		// the branch it takes only).
-		err = l.db.QueryRowContext(ctx, `SELECT count(*), coalesce(sum(CASE
+	err := l.db.QueryRowContext(ctx, `SELECT count(*), coalesce(sum(CASE
     WHEN a.pid = pg_backend_pid() THEN (SELECT 1 FROM pg_advisory_unlock_all() WHERE a.pid = pg_backend_pid())
-    WHEN a.state = 'idle' AND pg_terminate_backend(a.pid) THEN 1
+    WHEN a.state = 'idle' AND a.state_change < clock_timestamp() - $2::interval AND pg_terminate_backend(a.pid) THEN 1
     ELSE 0 END), 0)
 FROM pg_stat_activity a
 WHERE a.pid = $1 AND a.backend_type = 'client backend' AND a.usename = current_user
-  AND EXISTS (SELECT 1 FROM pg_locks k WHERE k.pid = a.pid AND k.locktype = 'advisory' AND k.granted)`, pid).Scan(&holding, &freed)
-		if err != nil || holding == 0 || freed > 0 {
-			break
-		}
-		if !waited {
-			l.cfg.Logger.Warn("sqllock/advisory: the pooled backend left holding a lock is in use; waiting for it to be idle",
-				"pid", pid)
-		}
-		select {
-		case <-ctx.Done():
-			err = ctx.Err()
-		case <-time.After(freePoll):
-			continue
-		}
-		break
+  AND EXISTS (SELECT 1 FROM pg_locks k WHERE k.pid = a.pid AND k.locktype = 'advisory' AND k.granted)`,
+		pid, freeIdle.String()).Scan(&holding, &freed)
+	if err != nil || holding == 0 || freed > 0 {
+		l.cfg.Logger.Warn("sqllock/advisory: freeing the pooled backend left holding a lock",
+			"pid", pid, "holding", holding, "freed", freed, "err", err)
+		return true
 	}
-	l.cfg.Logger.Warn("sqllock/advisory: freeing the pooled backend left holding a lock",
-		"pid", pid, "holding", holding, "freed", freed, "err", err)
+	return false
 }
 
-// freePoll is how often freeBackend looks again at a backend in use.
-const freePoll = 10 * time.Millisecond
+const (
+	// freePoll is how often freeBackend looks again at a backend in use.
+	freePoll = 10 * time.Millisecond
+	// freeIdle is how long a backend must have been idle before freeBackend
+	// terminates it.
+	freeIdle = 50 * time.Millisecond
+)

@@ -135,12 +135,13 @@ func (h signalHandler) WithGroup(string) slog.Handler      { return h }
 
 // TestBouncerLeftLockFreed: behind pgbouncer in transaction mode, an advisory lock
 // taken on a server backend that another client is using when the Locker finds out
-// (its unlock or keep-alive ran on another backend) is not left there: the Locker
-// waits for the backend to be free, then unlocks it there (pgbouncer hands it out
-// again) or terminates it, so no session holds the lock once the lease has ended
-// with ErrLost. The backend is kept busy by a transaction of
-// another client (pgbouncer hands out its server connections last in, first out, so
-// that transaction gets the lock's backend), ended once the Locker says it waits.
+// (its unlock or keep-alive ran on another backend) is not left there. Release
+// returns at once with ErrLost, without touching the other client's transaction; in
+// the background the Locker waits for the backend to be free, then unlocks the lock
+// there (pgbouncer hands the backend out again) or terminates it, so that no session
+// holds the lock. The backend is kept busy by a transaction of another client
+// (pgbouncer hands out its server connections last in, first out, so that
+// transaction gets the lock's backend), committed after Release.
 func TestBouncerLeftLockFreed(t *testing.T) {
 	lab := ha.Start(t)
 	primary := postgresPair(t, lab, "sync", false)
@@ -188,26 +189,27 @@ func TestBouncerLeftLockFreed(t *testing.T) {
 	}
 	t.Logf("backend %d holds the lock and runs another client's transaction (%d others tried first)", holder, len(spare))
 
-	released := make(chan error, 1)
-	go func() { released <- lease.Release(ctx) }()
-	var rerr error
-	done := false
+	// Release returns at once, with ErrLost, and the freeing waits in the background.
+	start := time.Now()
+	rerr := lease.Release(ctx)
+	took := time.Since(start)
+	if !errors.Is(rerr, sqllock.ErrLost) {
+		t.Errorf("Release: %v; want ErrLost (the lock's session moved)", rerr)
+	}
+	if took > 2*time.Second {
+		t.Errorf("Release took %v: it waited for the other client's transaction", took)
+	}
 	select {
-	case <-waiting.seen: // the Locker found out and waits for the backend
-	case rerr = <-released:
-		done = true
-		t.Errorf("Release returned without waiting for the busy backend %d", holder)
-	case <-ctx.Done():
-		t.Fatal("the Locker never waited for the busy backend")
+	case <-waiting.seen:
+	default:
+		t.Errorf("Release returned (%v, in %v) and the Locker did not say it waits for the busy backend %d", rerr, took, holder)
+	}
+	// The other client's transaction was left alone.
+	if err := busy.QueryRowContext(ctx, "SELECT 1").Scan(new(int)); err != nil {
+		t.Errorf("the other client's transaction after Release: %v", err)
 	}
 	if err := busy.Commit(); err != nil {
 		t.Fatalf("the other client's transaction: %v", err)
-	}
-	if !done {
-		rerr = <-released
-	}
-	if !errors.Is(rerr, sqllock.ErrLost) {
-		t.Errorf("Release: %v; want ErrLost (the lock's session moved)", rerr)
 	}
 	if n := advisoryHeld(t, primary, name); n != 0 {
 		t.Errorf("%d sessions still hold the lock", n)

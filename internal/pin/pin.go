@@ -35,7 +35,8 @@
 // hands out again (Stmt): a prepared statement skips the server's parsing, about a
 // tenth of an uncontended lock's cost, but costs a round trip to prepare, which only
 // a reused session earns back. They are closed before the session returns to the
-// application's pool, and die with a discarded one.
+// application's pool; a discarded session's connection is closed, and the server
+// frees them with the session.
 package pin
 
 import (
@@ -80,6 +81,7 @@ type Pool struct {
 type session struct {
 	id     int64 // the server's id, or 0 if not known
 	reused bool  // handed out again after it was kept
+	noPrep bool  // a prepare failed on it: its statements run as text
 	stmts  map[string]*sql.Stmt
 }
 
@@ -228,15 +230,16 @@ func (p *Pool) forget(conn *sql.Conn) map[string]*sql.Stmt {
 // handed out, if p is a MySQL Pool and handed conn out again after keeping it: the
 // statement prepared the first time is kept with the session. Otherwise, or if
 // preparing fails (the statement then fails as text, with the error to report), it
-// returns nil: run query as text. A statement must not be used after conn is given
-// back.
+// returns nil: run query as text. After a failed prepare (max_prepared_stmt_count
+// reached, a proxy that refuses them) the session is not asked to prepare again. A
+// statement must not be used after conn is given back.
 func (p *Pool) Stmt(ctx context.Context, conn *sql.Conn, query string) *sql.Stmt {
 	if p.dialect != sqllock.MySQL {
 		return nil
 	}
 	p.mu.Lock()
 	se := p.sess[conn]
-	if se == nil || !se.reused {
+	if se == nil || !se.reused || se.noPrep {
 		p.mu.Unlock()
 		return nil
 	}
@@ -247,6 +250,10 @@ func (p *Pool) Stmt(ctx context.Context, conn *sql.Conn, query string) *sql.Stmt
 	}
 	st, err := conn.PrepareContext(ctx, query)
 	if err != nil {
+		p.mu.Lock()
+		se.noPrep = true
+		p.mu.Unlock()
+		p.log.Debug("sqllock: preparing a statement failed; the session runs text", "err", err)
 		return nil
 	}
 	p.mu.Lock()
@@ -334,9 +341,8 @@ func (p *Pool) roomy() bool {
 	return st.MaxOpenConnections == 0 || st.InUse+1 < st.MaxOpenConnections/2
 }
 
-// Discard breaks a connection's session: the server drops every lock it held. The
-// statements prepared on it die with it (database/sql closes them with the
-// connection).
+// Discard breaks a connection's session: the server drops every lock it held, and
+// the statements prepared on it.
 func (p *Pool) Discard(conn *sql.Conn) {
 	p.forget(conn)
 	interrupt.Release(conn, true)

@@ -1,6 +1,8 @@
 package pin
 
 import (
+	"context"
+	"database/sql"
 	"log/slog"
 	"os"
 	"sync/atomic"
@@ -124,6 +126,17 @@ func TestStmt(t *testing.T) {
 				t.Fatalf("the statement: %d, %v; want %d", got, err, i+1)
 			}
 		}
+		// A prepare that fails leaves the session to text: no further prepares.
+		if p.Stmt(ctx, again, "SELECT ? +") != nil {
+			t.Fatal("Stmt of a statement the server refuses to prepare: want nil")
+		}
+		before := sessionCount(t, again, "Com_stmt_prepare")
+		if p.Stmt(ctx, again, "SELECT ? + 2") != nil {
+			t.Fatal("Stmt after a failed prepare on the session: want nil")
+		}
+		if after := sessionCount(t, again, "Com_stmt_prepare"); after != before {
+			t.Errorf("Stmt after a failed prepare sent %d prepares, want 0", after-before)
+		}
 		p.Put(again)
 		p.Close() // returns the kept session to db's pool
 		back, err := db.Conn(ctx)
@@ -155,11 +168,23 @@ func TestStmt(t *testing.T) {
 		if err := rows.Err(); err != nil {
 			t.Fatal(err)
 		}
-		want := map[string]int{"Com_stmt_prepare": 1, "Com_stmt_execute": 3, "Com_stmt_close": 1}
+		// One prepare that worked and one that failed; the one that worked is closed.
+		want := map[string]int{"Com_stmt_prepare": 2, "Com_stmt_execute": 3, "Com_stmt_close": 1}
 		for k, v := range want {
 			if counts[k] != v {
 				t.Errorf("%s = %d on the session, want %d (%v)", k, counts[k], v, counts)
 			}
 		}
 	})
+}
+
+// sessionCount returns a MySQL status counter of conn's session.
+func sessionCount(t *testing.T, conn *sql.Conn, name string) int {
+	t.Helper()
+	var k string
+	var v int
+	if err := conn.QueryRowContext(context.Background(), "SHOW SESSION STATUS LIKE '"+name+"'").Scan(&k, &v); err != nil {
+		t.Fatal(err)
+	}
+	return v
 }
