@@ -3,6 +3,7 @@ package testdb
 import (
 	"context"
 	"database/sql"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -106,28 +107,58 @@ WHERE t.trx_mysql_thread_id = ?`
 // performance_schema.data_lock_waits and the pending USER LEVEL LOCKs of
 // performance_schema.metadata_locks (information_schema.INNODB_TRX and PROCESSLIST
 // fail there, error 3854, while any session runs a statement that is not valid
-// utf8mb3). MariaDB: information_schema.INNODB_TRX, and the processlist state "User
-// lock".
+// utf8mb3). MariaDB: the transactions of SHOW ENGINE INNODB STATUS, and the
+// processlist state "User lock". Not information_schema.INNODB_TRX there: MariaDB
+// serves it from a cache refreshed only by a read at least 0.1 s after the previous
+// read (trx_i_s), so a poll every few milliseconds, or two processes polling, never
+// see a wait begin (TestInterleavedDraws waited the 50 s of the lock timeout).
 func WaitsForLock(ctx context.Context, db *sql.DB, d sqllock.Dialect, sid int64) (bool, error) {
-	q := `SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND wait_event_type = 'Lock'`
-	args := []any{sid}
 	if d == sqllock.MySQL {
 		f, err := FlavorOf(ctx, db, d)
 		if err != nil {
 			return false, err
 		}
+		if f == FlavorMariaDB {
+			return mariaDBWaits(ctx, db, sid)
+		}
+	}
+	q := `SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND wait_event_type = 'Lock'`
+	args := []any{sid}
+	if d == sqllock.MySQL {
 		q = `SELECT (SELECT COUNT(*) FROM performance_schema.data_lock_waits w
   JOIN performance_schema.threads t ON t.THREAD_ID = w.REQUESTING_THREAD_ID WHERE t.PROCESSLIST_ID = ?)
 + (SELECT COUNT(*) FROM performance_schema.metadata_locks m
   JOIN performance_schema.threads t ON t.THREAD_ID = m.OWNER_THREAD_ID
   WHERE t.PROCESSLIST_ID = ? AND m.OBJECT_TYPE = 'USER LEVEL LOCK' AND m.LOCK_STATUS = 'PENDING')`
-		if f == FlavorMariaDB {
-			q = `SELECT (SELECT COUNT(*) FROM information_schema.INNODB_TRX WHERE trx_mysql_thread_id = ? AND trx_state = 'LOCK WAIT')
-+ (SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = ? AND STATE = 'User lock')`
-		}
 		args = append(args, sid)
 	}
 	var n int
 	err := db.QueryRowContext(ctx, q, args...).Scan(&n)
 	return n > 0, err
+}
+
+// mariaDBWaits is WaitsForLock on MariaDB: a transaction of session sid in LOCK WAIT
+// in SHOW ENGINE INNODB STATUS (made when asked, not cached), or the processlist
+// state of a GET_LOCK wait.
+func mariaDBWaits(ctx context.Context, db *sql.DB, sid int64) (bool, error) {
+	var user int
+	if err := db.QueryRowContext(ctx, `SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = ? AND STATE = 'User lock'`, sid).Scan(&user); err != nil {
+		return false, err
+	}
+	if user > 0 {
+		return true, nil
+	}
+	var typ, name, status string
+	if err := db.QueryRowContext(ctx, "SHOW ENGINE INNODB STATUS").Scan(&typ, &name, &status); err != nil {
+		return false, err
+	}
+	// One block per transaction: "---TRANSACTION id, ACTIVE ..." then, for a waiting
+	// one, a line "LOCK WAIT ...", and "MariaDB thread id N, ...".
+	thread := "thread id " + strconv.FormatInt(sid, 10) + ","
+	for _, b := range strings.Split(status, "\n---TRANSACTION ")[1:] {
+		if strings.Contains(b, thread) && strings.Contains(b, "\nLOCK WAIT ") {
+			return true, nil
+		}
+	}
+	return false, nil
 }
