@@ -224,14 +224,7 @@ SELECT ?, LAST_INSERT_ID(GREATEST(q.next_ticket, COALESCE((SELECT MAX(t.ticket) 
 		if err != nil {
 			t.Fatal(err)
 		}
-		pidQ := "SELECT pg_backend_pid()"
-		if d == sqllock.MySQL {
-			pidQ = "SELECT CONNECTION_ID()"
-		}
-		var waiter int64
-		if err := tx2.QueryRowContext(ctx, pidQ).Scan(&waiter); err != nil {
-			t.Fatal(err)
-		}
+		waiter := testdb.SessionID(ctx, t, d, tx2)
 		type res struct {
 			n   int64
 			err error

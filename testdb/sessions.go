@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"testing"
 
 	"github.com/sqllock/sqllock"
 )
@@ -161,4 +162,21 @@ func mariaDBWaits(ctx context.Context, db *sql.DB, sid int64) (bool, error) {
 		}
 	}
 	return false, nil
+}
+
+// SessionID returns the server's id of the session q runs on (pg_backend_pid(),
+// CONNECTION_ID()); q is a *sql.Conn or a *sql.Tx. It fails the test on error.
+func SessionID(ctx context.Context, t testing.TB, d sqllock.Dialect, q interface {
+	QueryRowContext(context.Context, string, ...any) *sql.Row
+}) int64 {
+	t.Helper()
+	query := "SELECT pg_backend_pid()"
+	if d == sqllock.MySQL {
+		query = "SELECT CONNECTION_ID()"
+	}
+	var id int64
+	if err := q.QueryRowContext(ctx, query).Scan(&id); err != nil {
+		t.Fatalf("session id: %v", err)
+	}
+	return id
 }

@@ -90,13 +90,7 @@ func lockRow(t *testing.T, admin *sql.DB, d sqllock.Dialect, name string) (sessi
 			tx.Rollback()
 		}
 	})
-	q := "SELECT CONNECTION_ID()"
-	if d == sqllock.Postgres {
-		q = "SELECT pg_backend_pid()"
-	}
-	if err := tx.QueryRowContext(ctx, q).Scan(&session); err != nil {
-		t.Fatal(err)
-	}
+	session = testdb.SessionID(ctx, t, d, tx)
 	var one int
 	if err := tx.QueryRowContext(ctx, testdb.Rebind(d, "SELECT 1 FROM sqllock_lease WHERE lock_key = ? FOR UPDATE"), namekey.Key(name)).Scan(&one); err != nil {
 		t.Fatal(err)

@@ -26,18 +26,11 @@ func TestSessionID(t *testing.T) {
 		p := New(db, d, 30*time.Second, slog.New(slog.DiscardHandler))
 		defer p.Close()
 		ctx := testdb.Context(t, 30*time.Second)
-		q := "SELECT CONNECTION_ID()"
-		if d == sqllock.Postgres {
-			q = "SELECT pg_backend_pid()"
-		}
 		conn, err := p.Get(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
-		var want int64
-		if err := conn.QueryRowContext(ctx, q).Scan(&want); err != nil {
-			t.Fatal(err)
-		}
+		want := testdb.SessionID(ctx, t, d, conn)
 		n.Store(0)
 		for i := 0; i < 3; i++ {
 			id, err := p.SessionID(ctx, conn)
@@ -109,10 +102,7 @@ func TestStmt(t *testing.T) {
 		if again != conn {
 			t.Fatal("Get did not hand out the kept connection")
 		}
-		var sid int64
-		if err := again.QueryRowContext(ctx, "SELECT CONNECTION_ID()").Scan(&sid); err != nil {
-			t.Fatal(err)
-		}
+		sid := testdb.SessionID(ctx, t, d, again)
 		st := p.Stmt(ctx, again, q)
 		if st == nil {
 			t.Fatal("Stmt on a reused session = nil, want a prepared statement")
@@ -144,29 +134,12 @@ func TestStmt(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer back.Close()
-		var sid2 int64
-		if err := back.QueryRowContext(ctx, "SELECT CONNECTION_ID()").Scan(&sid2); err != nil {
-			t.Fatal(err)
-		}
-		if sid2 != sid {
+		if sid2 := testdb.SessionID(ctx, t, d, back); sid2 != sid {
 			t.Fatalf("db handed out session %d, not the Pool's %d", sid2, sid)
 		}
 		counts := map[string]int{}
-		rows, err := back.QueryContext(ctx, "SHOW SESSION STATUS WHERE Variable_name IN ('Com_stmt_prepare', 'Com_stmt_execute', 'Com_stmt_close')")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer rows.Close()
-		for rows.Next() {
-			var k string
-			var v int
-			if err := rows.Scan(&k, &v); err != nil {
-				t.Fatal(err)
-			}
-			counts[k] = v
-		}
-		if err := rows.Err(); err != nil {
-			t.Fatal(err)
+		for _, k := range []string{"Com_stmt_prepare", "Com_stmt_execute", "Com_stmt_close"} {
+			counts[k] = sessionCount(t, back, k)
 		}
 		// One prepare that worked and one that failed; the one that worked is closed.
 		want := map[string]int{"Com_stmt_prepare": 2, "Com_stmt_execute": 3, "Com_stmt_close": 1}

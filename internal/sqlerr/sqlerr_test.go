@@ -79,7 +79,7 @@ func TestClassifyRealErrors(t *testing.T) {
 		if d == sqllock.MySQL {
 			killQ = "KILL %d" // KILL takes no placeholder on MySQL (6413)
 		}
-		if _, err := admin.ExecContext(ctx, fmt.Sprintf(killQ, sessionID(ctx, t, d, conn))); err != nil {
+		if _, err := admin.ExecContext(ctx, fmt.Sprintf(killQ, testdb.SessionID(ctx, t, d, conn))); err != nil {
 			t.Fatal(err)
 		}
 		// The kill is asynchronous on the server: the next statements fail once it lands.
@@ -93,20 +93,6 @@ func TestClassifyRealErrors(t *testing.T) {
 		}
 		want(t, "killed session", err, sqlerr.SessionLost, false)
 	})
-}
-
-// sessionID returns the server's id of conn's session.
-func sessionID(ctx context.Context, t *testing.T, d sqllock.Dialect, conn *sql.Conn) int64 {
-	t.Helper()
-	q := "SELECT pg_backend_pid()"
-	if d == sqllock.MySQL {
-		q = "SELECT CONNECTION_ID()"
-	}
-	var id int64
-	if err := conn.QueryRowContext(ctx, q).Scan(&id); err != nil {
-		t.Fatal(err)
-	}
-	return id
 }
 
 // lockCycle makes two sessions of db wait for each other's session lock (advisory
@@ -127,7 +113,7 @@ func lockCycle(ctx context.Context, t *testing.T, d sqllock.Dialect, db, admin *
 		}
 		// Closing the session frees whatever it still holds.
 		t.Cleanup(func() { c.Raw(func(any) error { return driver.ErrBadConn }); c.Close() })
-		ids[i] = sessionID(ctx, t, d, c)
+		ids[i] = testdb.SessionID(ctx, t, d, c)
 		if _, err := c.ExecContext(ctx, fmt.Sprintf(lock, base+int64(i))); err != nil {
 			t.Fatal(err)
 		}
