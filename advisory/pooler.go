@@ -91,7 +91,10 @@ func (l *Locker) poolerSeen(why string) error {
 // freeIdle of idleness makes it rare (a proxy hands out its most recently used
 // server connections first), not impossible. Best effort: logged, never an error.
 func (l *Locker) freeBackend(ctx context.Context, pid int64) {
-	if l.freeAttempt(ctx, pid) {
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), lease.GiveBackTimeout)
+	done := l.freeAttempt(actx, pid)
+	cancel()
+	if done {
 		return
 	}
 	l.cfg.Logger.Warn("sqllock/advisory: the pooled backend left holding a lock is in use; waiting for it to be idle",
@@ -116,12 +119,10 @@ func (l *Locker) freeBackend(ctx context.Context, pid int64) {
 	})
 }
 
-// freeAttempt makes one attempt of freeBackend's, and reports whether it is done:
-// the backend was freed or holds nothing, or the attempt failed (logged). It
-// reports false while the backend is in use.
+// freeAttempt makes one attempt of freeBackend's, bounded by ctx, and reports
+// whether it is done: the backend was freed or holds nothing, or the attempt failed
+// (logged). It reports false while the backend is in use.
 func (l *Locker) freeAttempt(ctx context.Context, pid int64) bool {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), lease.GiveBackTimeout)
-	defer cancel()
 	// holding: the backend still exists and holds an advisory lock; freed: its locks
 	// were unlocked here, or it was idle long enough and is terminated (CASE
 	// evaluates the branch it takes only).

@@ -7,7 +7,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"log/slog"
 	"strings"
 	"sync"
 	"testing"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/sqllock/sqllock"
 	"github.com/sqllock/sqllock/advisory"
+	"github.com/sqllock/sqllock/testdb"
 	"github.com/sqllock/sqllock/testdb/ha"
 )
 
@@ -115,24 +115,6 @@ func TestBouncerHint(t *testing.T) {
 	}
 }
 
-// signalHandler is a slog handler that closes seen at the first record whose message
-// contains match.
-type signalHandler struct {
-	match string
-	once  *sync.Once
-	seen  chan struct{}
-}
-
-func (h signalHandler) Enabled(context.Context, slog.Level) bool { return true }
-func (h signalHandler) Handle(_ context.Context, r slog.Record) error {
-	if strings.Contains(r.Message, h.match) {
-		h.once.Do(func() { close(h.seen) })
-	}
-	return nil
-}
-func (h signalHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
-func (h signalHandler) WithGroup(string) slog.Handler      { return h }
-
 // TestBouncerLeftLockFreed: behind pgbouncer in transaction mode, an advisory lock
 // taken on a server backend that another client is using when the Locker finds out
 // (its unlock or keep-alive ran on another backend) is not left there. Release
@@ -147,8 +129,8 @@ func TestBouncerLeftLockFreed(t *testing.T) {
 	primary := postgresPair(t, lab, "sync", false)
 	txDSN := lab.BouncerDSN("transaction")
 	ctx := ctxFor(t, 2*time.Minute)
-	waiting := signalHandler{match: "waiting for it to be idle", once: new(sync.Once), seen: make(chan struct{})}
-	l := mustLocker(t, "advisory", lab.Open(t, "pgx", txDSN), sqllock.Postgres, lockerOpts{logger: slog.New(waiting)})
+	waiting := &asyncWarnings{match: "waiting for it to be idle"}
+	l := mustLocker(t, "advisory", lab.Open(t, "pgx", txDSN), sqllock.Postgres, lockerOpts{logger: waiting.logger()})
 	name := fmt.Sprintf("ha-bouncer-left/%d", time.Now().UnixNano())
 	clearStamps(t, lab.Open(t, "pgx", txDSN))
 	lease, err := l.Acquire(ctx, name)
@@ -174,11 +156,7 @@ func TestBouncerLeftLockFreed(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var pid int64
-		if err := tx.QueryRowContext(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
-			t.Fatal(err)
-		}
-		if pid == holder {
+		if testdb.SessionID(ctx, t, sqllock.Postgres, tx) == holder {
 			busy = tx
 		} else {
 			spare = append(spare, tx)
@@ -199,9 +177,7 @@ func TestBouncerLeftLockFreed(t *testing.T) {
 	if took > 2*time.Second {
 		t.Errorf("Release took %v: it waited for the other client's transaction", took)
 	}
-	select {
-	case <-waiting.seen:
-	default:
+	if waiting.count() == 0 {
 		t.Errorf("Release returned (%v, in %v) and the Locker did not say it waits for the busy backend %d", rerr, took, holder)
 	}
 	// The other client's transaction was left alone.
