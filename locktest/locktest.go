@@ -796,11 +796,16 @@ func partitionRound(t *testing.T, cfg *Config, r int) (lead, took time.Duration,
 	}
 	// Heal: the old holder stays lost, the new one holds.
 	proxy.Heal()
+	healAt := time.Now()
 	if rerr := lease.Release(ctx); !errors.Is(rerr, sqllock.ErrLost) {
 		err = errors.Join(err, fmt.Errorf("old holder's Release after the heal = %v, want ErrLost", rerr))
 	}
+	releasedAt := time.Now()
 	if g.lease.Err() != nil {
-		err = errors.Join(err, fmt.Errorf("new holder lost after the heal: %v", g.lease.Err()))
+		// The times say where the new holder's keep-alive stalled (a loaded machine, or
+		// something the heal let through).
+		err = errors.Join(err, fmt.Errorf("new holder lost after the heal (granted %v before the heal; old holder's Release took %v): %v",
+			healAt.Sub(g.at).Round(time.Millisecond), releasedAt.Sub(healAt).Round(time.Millisecond), g.lease.Err()))
 	}
 	if l, terr := third.TryAcquire(ctx, name); terr == nil {
 		l.Release(ctx)
