@@ -122,15 +122,21 @@ func benchRawPool(b *testing.B, db *sql.DB, q string) {
 // connection) and one Locker operation, so that the load of a shared machine weighs
 // on both alike, and reports both times and their ratio (baseline/advisory: 1 means
 // as fast as the baseline; the target is at least 0.8 without the token).
+//
+// without-token-deadline runs both under a context with a deadline, as a caller's
+// request context has: database/sql and the drivers then watch every statement's
+// context, the baseline's included.
 func BenchmarkInterleaved(b *testing.B) {
 	for _, d := range testdb.Dialects {
-		for _, tok := range []bool{false, true} {
-			sub := d.String() + "/without-token"
-			if tok {
-				sub = d.String() + "/with-token"
-			}
-			b.Run(sub, func(b *testing.B) {
+		for _, kind := range []string{"without-token", "with-token", "without-token-deadline"} {
+			tok := kind == "with-token"
+			b.Run(d.String()+"/"+kind, func(b *testing.B) {
 				ctx := context.Background()
+				if kind == "without-token-deadline" {
+					c, cancel := context.WithTimeout(ctx, time.Hour)
+					defer cancel()
+					ctx = c
+				}
 				db := testdb.Open(b, d)
 				var opts []advisory.Option
 				if !tok {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sqllock/sqllock"
+	"github.com/sqllock/sqllock/internal/direct"
 	"github.com/sqllock/sqllock/internal/lease"
 	"github.com/sqllock/sqllock/internal/sqlerr"
 )
@@ -313,15 +314,10 @@ func (s *session) unlock(ctx context.Context, keep bool) (bool, error) {
 		if keep {
 			k = kept
 		}
-		res, err := s.conn.ExecContext(ctx, s.l.pgStmts(s.id).unlock[k], s.id.pgArgs()...)
-		if err != nil {
-			return false, err
-		}
-		n, err := res.RowsAffected()
-		return n == 1, err
+		return direct.Exists(ctx, s.conn, s.l.pgStmts(s.id).unlock[k], direct.Args(s.id.pgArgs()...))
 	}
 	var got sql.NullInt64
-	err := s.l.myRow(ctx, s.conn, "SELECT RELEASE_LOCK(?)", s.id.myName).Scan(&got)
+	err := s.l.myRow(ctx, s.conn, "SELECT RELEASE_LOCK(?)", s.id.myName, &got)
 	return got.Valid && got.Int64 == 1, err
 }
 

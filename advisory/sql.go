@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sqllock/sqllock/internal/direct"
 	"github.com/sqllock/sqllock/internal/fence"
 	"github.com/sqllock/sqllock/internal/interrupt"
 	"github.com/sqllock/sqllock/internal/lease"
@@ -97,8 +98,7 @@ func pgStatementsFor(ttl time.Duration, token bool) (t [2][2]pgStatements) {
 				st.wait[k] = "SELECT pid, prev" + outTok + " FROM (SELECT pg_backend_pid() AS pid, " + stamp + setCol + tok +
 					" FROM pg_advisory_lock" + suffix + args + ") s"
 			}
-			// One row if the lock was held (the caller reads the row count: Exec
-			// starts no goroutine of database/sql's, unlike a query with a context).
+			// One row if the lock was held (run directly: package direct).
 			st.unlock[fresh] = "SELECT 1 FROM (SELECT pg_advisory_unlock" + suffix + args + " AS ok, " + pgReset + ") s WHERE s.ok"
 			st.unlock[kept] = "SELECT 1 WHERE pg_advisory_unlock" + suffix + args
 			st.xact = "SELECT 1" + tok + " FROM pg_advisory_xact_lock" + suffix + args
@@ -140,7 +140,7 @@ func (l *Locker) pgLock(ctx context.Context, conn *sql.Conn, keptSid int64, id l
 	stamp := sessionStamp(conn)
 	args := append(id.pgArgs(), stamp)
 	if !wait {
-		err = conn.QueryRowContext(ctx, st.try[k], args...).Scan(l.withToken(&t, &ok, &sid, &prev)...)
+		err = direct.Row(ctx, conn, st.try[k], direct.Args(args...), l.withToken(&t, &ok, &sid, &prev)...)
 		dirty = err != nil
 	} else {
 		// A wait that ctx ends is cancelled on the server (see internal/interrupt):
@@ -249,7 +249,7 @@ func (l *Locker) myLock(ctx context.Context, conn *sql.Conn, sid int64, id lockI
 			tok, ok, err = l.myRun.Drawn(ctx, conn, l.myRun.TryLockDraw("GET_LOCK("+name+", 0)"))
 		} else {
 			var got sql.NullInt64
-			err = l.myRow(ctx, conn, "SELECT GET_LOCK(?, 0), CONNECTION_ID()", id.myName).Scan(&got, &sid)
+			err = l.myRow(ctx, conn, "SELECT GET_LOCK(?, 0), CONNECTION_ID()", id.myName, &got, &sid)
 			if err == nil && !got.Valid {
 				err = errors.New("GET_LOCK returned NULL")
 			}
@@ -281,14 +281,16 @@ func (l *Locker) myLock(ctx context.Context, conn *sql.Conn, sid int64, id lockI
 	return sid, tok, sent, true, false, nil
 }
 
-// myRow runs query, whose one parameter (?) is a lock name, on conn: prepared if the
-// Locker's pin.Pool keeps conn's session for reuse (pin.Pool.Stmt), else as text with
-// the name inlined (one round trip; a MySQL lock name is "sqllock:" and hex digits).
-func (l *Locker) myRow(ctx context.Context, conn *sql.Conn, query, myName string) *sql.Row {
+// myRow runs query, whose one parameter (?) is a lock name, on conn and scans its
+// row into dest: prepared if the Locker's pin.Pool keeps conn's session for reuse
+// (pin.Pool.Stmt), else as text with the name inlined (one round trip; a MySQL lock
+// name is "sqllock:" and hex digits); either way through the driver connection
+// (package direct).
+func (l *Locker) myRow(ctx context.Context, conn *sql.Conn, query, myName string, dest ...any) error {
 	if st := l.pins.Stmt(ctx, conn, query); st != nil {
-		return st.QueryRowContext(ctx, myName)
+		return st.Row(ctx, conn, direct.Args(myName), dest...)
 	}
-	return conn.QueryRowContext(ctx, strings.Replace(query, "?", "'"+myName+"'", 1))
+	return direct.Row(ctx, conn, strings.Replace(query, "?", "'"+myName+"'", 1), nil, dest...)
 }
 
 // myWait waits on session sid (conn) until it holds the lock or ctx ends. The

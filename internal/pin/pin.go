@@ -48,6 +48,7 @@ import (
 	"time"
 
 	"github.com/sqllock/sqllock"
+	"github.com/sqllock/sqllock/internal/direct"
 	"github.com/sqllock/sqllock/internal/interrupt"
 )
 
@@ -82,7 +83,7 @@ type session struct {
 	id     int64 // the server's id, or 0 if not known
 	reused bool  // handed out again after it was kept
 	noPrep bool  // a prepare failed on it: its statements run as text
-	stmts  map[string]*sql.Stmt
+	stmts  map[string]*direct.Stmt
 }
 
 type idleConn struct {
@@ -215,7 +216,7 @@ func (p *Pool) sessionLocked(conn *sql.Conn) *session {
 
 // forget drops what the Pool remembers of conn, which leaves it, and returns the
 // statements prepared on its session.
-func (p *Pool) forget(conn *sql.Conn) map[string]*sql.Stmt {
+func (p *Pool) forget(conn *sql.Conn) map[string]*direct.Stmt {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	se := p.sess[conn]
@@ -232,8 +233,9 @@ func (p *Pool) forget(conn *sql.Conn) map[string]*sql.Stmt {
 // preparing fails (the statement then fails as text, with the error to report), it
 // returns nil: run query as text. After a failed prepare (max_prepared_stmt_count
 // reached, a proxy that refuses them) the session is not asked to prepare again. A
-// statement must not be used after conn is given back.
-func (p *Pool) Stmt(ctx context.Context, conn *sql.Conn, query string) *sql.Stmt {
+// statement must not be used after conn is given back. It is a driver-level
+// statement (direct.Stmt): run it with its Row method on conn.
+func (p *Pool) Stmt(ctx context.Context, conn *sql.Conn, query string) *direct.Stmt {
 	if p.dialect != sqllock.MySQL {
 		return nil
 	}
@@ -248,7 +250,7 @@ func (p *Pool) Stmt(ctx context.Context, conn *sql.Conn, query string) *sql.Stmt
 	if st != nil {
 		return st
 	}
-	st, err := conn.PrepareContext(ctx, query)
+	st, err := direct.Prepare(ctx, conn, query)
 	if err != nil {
 		p.mu.Lock()
 		se.noPrep = true
@@ -258,7 +260,7 @@ func (p *Pool) Stmt(ctx context.Context, conn *sql.Conn, query string) *sql.Stmt
 	}
 	p.mu.Lock()
 	if se.stmts == nil {
-		se.stmts = make(map[string]*sql.Stmt)
+		se.stmts = make(map[string]*direct.Stmt)
 	}
 	se.stmts[query] = st
 	p.mu.Unlock()
@@ -365,7 +367,7 @@ func (p *Pool) restore(conn *sql.Conn) {
 // the application's pool, with the statements p prepared on it closed.
 func (p *Pool) release(conn *sql.Conn) {
 	for _, st := range p.forget(conn) {
-		st.Close()
+		st.Close(conn)
 	}
 	conn.Close()
 }

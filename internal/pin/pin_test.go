@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/sqllock/sqllock"
+	"github.com/sqllock/sqllock/internal/direct"
 	"github.com/sqllock/sqllock/testdb"
 )
 
@@ -111,8 +112,8 @@ func TestStmt(t *testing.T) {
 			if p.Stmt(ctx, again, q) != st {
 				t.Fatal("Stmt prepared the statement again")
 			}
-			var got int
-			if err := st.QueryRowContext(ctx, i).Scan(&got); err != nil || got != i+1 {
+			var got int64
+			if err := st.Row(ctx, again, direct.Args(int64(i)), &got); err != nil || got != int64(i+1) {
 				t.Fatalf("the statement: %d, %v; want %d", got, err, i+1)
 			}
 		}

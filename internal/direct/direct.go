@@ -1,0 +1,165 @@
+// Package direct runs a statement on a pinned connection (*sql.Conn) through its
+// driver connection, inside (*sql.Conn).Raw, and reads at most one row.
+//
+// It exists for the cost of the path through database/sql. A query whose context
+// can end (the caller's request context, or the library's own bound on a give-back)
+// makes database/sql start a goroutine per query (Rows.awaitDone), on top of the
+// driver's own watch of the context, and its Rows and conversions allocate. A direct
+// query keeps the driver's watch only: the statement stays bounded by its context
+// (pgx sends a cancel request, go-sql-driver closes the connection), and an error
+// matching driver.ErrBadConn still makes database/sql discard the connection.
+//
+// Measured here (2 cores, one connection, the lock statement then the unlock under
+// a 5 s timeout, interleaved): the unlock run directly made the pair 1.02x as fast
+// as with no deadline at all through database/sql; through database/sql with the
+// deadline it was 0.94x on MariaDB and 0.87x on PostgreSQL.
+package direct
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"io"
+)
+
+// Row runs query with args on conn's driver connection and scans its first row into
+// dest, each a *bool, an *int64 or a sql.Scanner (sql.NullInt64, sql.NullString...);
+// a NULL into a *bool or an *int64 is an error. It returns sql.ErrNoRows when the
+// query returns no row. The driver must implement driver.QueryerContext (pgx's
+// stdlib and go-sql-driver/mysql do). go-sql-driver/mysql refuses arguments here (it
+// would prepare the statement): inline them in query, or use a Stmt.
+func Row(ctx context.Context, conn *sql.Conn, query string, args []driver.NamedValue, dest ...any) error {
+	return conn.Raw(func(dc any) error {
+		q, ok := dc.(driver.QueryerContext)
+		if !ok {
+			return fmt.Errorf("direct: driver connection %T cannot query with a context", dc)
+		}
+		rows, err := q.QueryContext(ctx, query, args)
+		if err != nil {
+			return err
+		}
+		return scanFirst(rows, dest)
+	})
+}
+
+// Exists runs query with args on conn's driver connection and reports whether it
+// returned a row. See Row.
+func Exists(ctx context.Context, conn *sql.Conn, query string, args []driver.NamedValue) (bool, error) {
+	err := Row(ctx, conn, query, args)
+	if errors.Is(err, sql.ErrNoRows) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+// Args returns vals as the driver's ordinal arguments ($1, $2...). The values go to
+// the driver as they are: use types it takes (int32, int64, string).
+func Args(vals ...any) []driver.NamedValue {
+	nv := make([]driver.NamedValue, len(vals))
+	for i, v := range vals {
+		nv[i] = driver.NamedValue{Ordinal: i + 1, Value: v}
+	}
+	return nv
+}
+
+// Stmt is a statement prepared on the session of one connection, by Prepare. It may
+// be used with that connection only, and must be closed (Close) before the
+// connection goes back to its pool; a connection discarded takes it along.
+type Stmt struct {
+	st driver.Stmt
+}
+
+// Prepare prepares query on conn's session. The driver must implement
+// driver.ConnPrepareContext and its statements driver.StmtQueryContext.
+func Prepare(ctx context.Context, conn *sql.Conn, query string) (*Stmt, error) {
+	var s *Stmt
+	err := conn.Raw(func(dc any) error {
+		p, ok := dc.(driver.ConnPrepareContext)
+		if !ok {
+			return fmt.Errorf("direct: driver connection %T cannot prepare with a context", dc)
+		}
+		st, err := p.PrepareContext(ctx, query)
+		if err != nil {
+			return err
+		}
+		if _, ok := st.(driver.StmtQueryContext); !ok {
+			st.Close()
+			return fmt.Errorf("direct: driver statement %T cannot query with a context", st)
+		}
+		s = &Stmt{st: st}
+		return nil
+	})
+	return s, err
+}
+
+// Row runs the statement with args on conn, the connection it was prepared on, and
+// scans its first row into dest, as the package's Row does.
+func (s *Stmt) Row(ctx context.Context, conn *sql.Conn, args []driver.NamedValue, dest ...any) error {
+	return conn.Raw(func(any) error {
+		rows, err := s.st.(driver.StmtQueryContext).QueryContext(ctx, args)
+		if err != nil {
+			return err
+		}
+		return scanFirst(rows, dest)
+	})
+}
+
+// Close closes the statement on conn, the connection it was prepared on.
+func (s *Stmt) Close(conn *sql.Conn) error {
+	return conn.Raw(func(any) error { return s.st.Close() })
+}
+
+// scanFirst scans rows' first row into dest and closes rows.
+func scanFirst(rows driver.Rows, dest []any) (err error) {
+	defer func() {
+		if cerr := rows.Close(); err == nil {
+			err = cerr
+		}
+	}()
+	vals := make([]driver.Value, len(rows.Columns()))
+	if len(vals) < len(dest) {
+		return fmt.Errorf("direct: %d columns, %d destinations", len(vals), len(dest))
+	}
+	if err := rows.Next(vals); err != nil {
+		if err == io.EOF {
+			return sql.ErrNoRows
+		}
+		return err
+	}
+	for i, d := range dest {
+		if err := assign(d, vals[i]); err != nil {
+			return fmt.Errorf("direct: column %d: %w", i, err)
+		}
+	}
+	return nil
+}
+
+func assign(dest any, v driver.Value) error {
+	switch d := dest.(type) {
+	case sql.Scanner:
+		return d.Scan(v)
+	case *bool:
+		var b sql.NullBool
+		if err := b.Scan(v); err != nil {
+			return err
+		}
+		if !b.Valid {
+			return errors.New("NULL into a bool")
+		}
+		*d = b.Bool
+	case *int64:
+		var n sql.NullInt64
+		if err := n.Scan(v); err != nil {
+			return err
+		}
+		if !n.Valid {
+			return errors.New("NULL into an int64")
+		}
+		*d = n.Int64
+	default:
+		return fmt.Errorf("unsupported destination %T", dest)
+	}
+	return nil
+}
