@@ -18,8 +18,6 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
-
 	"github.com/sqllock/sqllock"
 	"github.com/sqllock/sqllock/fairqueue"
 	"github.com/sqllock/sqllock/internal/namekey"
@@ -41,14 +39,7 @@ func TestMain(m *testing.M) {
 	if os.Getenv(childEnv) != "" {
 		os.Exit(m.Run())
 	}
-	code := testdb.Main(m)
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintln(os.Stderr, "goleak:", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
+	os.Exit(testdb.MainLeakFree(m))
 }
 
 func newLocker(t testing.TB, db *sql.DB, d sqllock.Dialect, opts ...fairqueue.Option) *fairqueue.Locker {

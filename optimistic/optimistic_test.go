@@ -11,8 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
-
 	"github.com/sqllock/sqllock"
 	"github.com/sqllock/sqllock/internal/namekey"
 	"github.com/sqllock/sqllock/locktest"
@@ -21,14 +19,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	code := testdb.Main(m)
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintln(os.Stderr, "goleak:", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
+	os.Exit(testdb.MainLeakFree(m))
 }
 
 func newLocker(t testing.TB, db *sql.DB, d sqllock.Dialect, opts ...optimistic.Option) *optimistic.Locker {

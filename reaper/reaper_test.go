@@ -3,7 +3,6 @@ package reaper
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"os"
 	"sync"
@@ -13,7 +12,6 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5/pgconn"
-	"go.uber.org/goleak"
 
 	"github.com/sqllock/sqllock"
 	"github.com/sqllock/sqllock/internal/namekey"
@@ -22,14 +20,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	code := testdb.Main(m)
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintln(os.Stderr, "goleak:", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
+	os.Exit(testdb.MainLeakFree(m))
 }
 
 func newLocker(t testing.TB, d sqllock.Dialect, opts ...uniqueindex.Option) *uniqueindex.Locker {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -30,6 +31,20 @@ func CheckLeaks(t testing.TB) {
 			t.Errorf("goroutines leaked: %v", err)
 		}
 	})
+}
+
+// MainLeakFree is Main followed, if every test passed, by a check that no goroutine
+// is left behind (goleak): a failing check makes the exit code 1. Call it from
+// TestMain: func TestMain(m *testing.M) { os.Exit(testdb.MainLeakFree(m)) }.
+func MainLeakFree(m *testing.M) int {
+	code := Main(m)
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
+	}
+	return code
 }
 
 // Rebind turns the ? placeholders of q into $1, $2, ... for PostgreSQL.

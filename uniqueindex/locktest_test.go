@@ -7,8 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
-
 	"github.com/sqllock/sqllock"
 	"github.com/sqllock/sqllock/locktest"
 	"github.com/sqllock/sqllock/testdb"
@@ -18,14 +16,7 @@ func TestMain(m *testing.M) {
 	if os.Getenv(helperEnv) != "" {
 		os.Exit(m.Run())
 	}
-	code := testdb.Main(m)
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			os.Stderr.WriteString("goleak: " + err.Error() + "\n")
-			code = 1
-		}
-	}
-	os.Exit(code)
+	os.Exit(testdb.MainLeakFree(m))
 }
 
 // newLocker returns a Locker on db closed at the end of the test.

@@ -4,12 +4,9 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"fmt"
 	"os"
 	"testing"
 	"time"
-
-	"go.uber.org/goleak"
 
 	"github.com/sqllock/sqllock"
 	"github.com/sqllock/sqllock/internal/direct"
@@ -17,27 +14,26 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	code := testdb.Main(m)
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintln(os.Stderr, "goleak:", err)
-			code = 1
-		}
+	os.Exit(testdb.MainLeakFree(m))
+}
+
+// openConn returns a connection of a new pool, closed at the end of the test.
+func openConn(ctx context.Context, t *testing.T, d sqllock.Dialect) *sql.Conn {
+	t.Helper()
+	conn, err := testdb.Open(t, d).Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
 	}
-	os.Exit(code)
+	t.Cleanup(func() { conn.Close() })
+	return conn
 }
 
 // TestRow: a row scans into *bool, *int64 and sql.Scanners, NULL into a Null type is
 // not valid and into an *int64 an error, no row is sql.ErrNoRows (Exists: false).
 func TestRow(t *testing.T) {
 	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
-		db := testdb.Open(t, d)
 		ctx := testdb.Context(t, 30*time.Second)
-		conn, err := db.Conn(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close()
+		conn := openConn(ctx, t, d)
 		var (
 			b  bool
 			n  int64
@@ -76,13 +72,8 @@ func TestRow(t *testing.T) {
 // closes.
 func TestStmt(t *testing.T) {
 	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
-		db := testdb.Open(t, d)
 		ctx := testdb.Context(t, 30*time.Second)
-		conn, err := db.Conn(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close()
+		conn := openConn(ctx, t, d)
 		q := testdb.Rebind(d, "SELECT CAST(? AS CHAR(10)), 1")
 		if d == sqllock.Postgres {
 			q = "SELECT $1::text, 1"
