@@ -8,8 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
-
 	"github.com/sqllock/sqllock"
 	"github.com/sqllock/sqllock/internal/leasestate"
 	"github.com/sqllock/sqllock/testdb"
@@ -67,7 +65,7 @@ func (l *memLease) Release(context.Context) error {
 }
 
 func TestDoReleases(t *testing.T) {
-	defer goleak.VerifyNone(t)
+	testdb.CheckLeaks(t)
 	m := &memLocker{}
 	ran := false
 	if err := sqllock.Do(context.Background(), m, "job", func(ctx context.Context) error {
@@ -85,7 +83,7 @@ func TestDoReleases(t *testing.T) {
 }
 
 func TestDoReturnsFnError(t *testing.T) {
-	defer goleak.VerifyNone(t)
+	testdb.CheckLeaks(t)
 	m := &memLocker{}
 	boom := errors.New("boom")
 	if err := sqllock.Do(context.Background(), m, "job", func(context.Context) error { return boom }); !errors.Is(err, boom) {
@@ -99,7 +97,7 @@ func TestDoReturnsFnError(t *testing.T) {
 // TestDoCancelsOnLoss: when the lease is lost, fn's context is cancelled with a cause
 // matching ErrLost, and Do reports ErrLost even though fn returned nil.
 func TestDoCancelsOnLoss(t *testing.T) {
-	defer goleak.VerifyNone(t)
+	testdb.CheckLeaks(t)
 	m := &memLocker{}
 	err := sqllock.Do(context.Background(), m, "job", func(ctx context.Context) error {
 		m.last.lose()

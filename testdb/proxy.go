@@ -2,6 +2,7 @@ package testdb
 
 import (
 	"database/sql"
+	"errors"
 	"net"
 	"strconv"
 	"sync"
@@ -166,14 +167,36 @@ func (p *Proxy) wait(dir int) bool {
 func (p *Proxy) serve(c *proxyConn) {
 	defer p.wg.Done()
 	// A partitioned network does not connect: wait for Heal before dialling.
+	p.mu.Lock()
+	held := p.cut[0]
+	p.mu.Unlock()
 	if !p.wait(0) {
 		c.reset()
 		return
+	}
+	var sent []byte
+	if held {
+		// A client that gave up meanwhile is not connected: the server would start a
+		// session for nothing, and a heal that lets dozens of those through at once
+		// is a load no real partition makes (its connection attempts never reached
+		// the server).
+		var alive bool
+		if sent, alive = clientAlive(c.client); !alive {
+			c.reset()
+			return
+		}
 	}
 	server, err := net.Dial("tcp", p.target)
 	if err != nil {
 		c.reset()
 		return
+	}
+	if len(sent) > 0 {
+		if _, err := server.Write(sent); err != nil {
+			server.Close()
+			c.reset()
+			return
+		}
 	}
 	c.mu.Lock()
 	c.server = server
@@ -193,6 +216,24 @@ func (p *Proxy) serve(c *proxyConn) {
 	p.mu.Lock()
 	delete(p.conns, c)
 	p.mu.Unlock()
+}
+
+// clientAlive reads what client sent so far, until it has been silent for a moment,
+// and reports whether it is still connected (no end of stream or error). The bytes
+// read are returned, to be sent on.
+func clientAlive(client net.Conn) ([]byte, bool) {
+	var sent []byte
+	buf := make([]byte, 32<<10)
+	for {
+		client.SetReadDeadline(time.Now().Add(5 * time.Millisecond))
+		n, err := client.Read(buf)
+		sent = append(sent, buf[:n]...)
+		if err != nil {
+			client.SetReadDeadline(time.Time{})
+			var ne net.Error
+			return sent, errors.As(err, &ne) && ne.Timeout()
+		}
+	}
 }
 
 type chunk struct {

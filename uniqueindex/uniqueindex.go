@@ -145,6 +145,7 @@ import (
 	"time"
 
 	"github.com/sqllock/sqllock"
+	"github.com/sqllock/sqllock/internal/direct"
 	"github.com/sqllock/sqllock/internal/lease"
 	"github.com/sqllock/sqllock/internal/namekey"
 	"github.com/sqllock/sqllock/internal/pin"
@@ -393,7 +394,7 @@ func (l *Locker) attempt(ctx context.Context, t *wait.Turn, enter bool, key []by
 			// The grant's clock starts when the statement is sent, not before the
 			// connection was obtained (possibly dialled).
 			res.start = l.b.Now()
-			return conn.QueryRowContext(qctx, query, args...).Scan(dest...)
+			return direct.Row(qctx, conn, query, direct.Args(args...), dest...)
 		}
 		var err error
 		if t != nil {
