@@ -17,10 +17,12 @@ func TestMain(m *testing.M) {
 	os.Exit(testdb.MainLeakFree(m))
 }
 
-// openConn returns a connection of a new pool, closed at the end of the test.
-func openConn(ctx context.Context, t *testing.T, d sqllock.Dialect) *sql.Conn {
+// openConn returns a connection of a new pool, closed at the end of the test. The
+// pool comes first: it may start the server's container, which takes a while.
+func openConn(t *testing.T, d sqllock.Dialect) *sql.Conn {
 	t.Helper()
-	conn, err := testdb.Open(t, d).Conn(ctx)
+	db := testdb.Open(t, d)
+	conn, err := db.Conn(testdb.Context(t, 30*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -32,8 +34,8 @@ func openConn(ctx context.Context, t *testing.T, d sqllock.Dialect) *sql.Conn {
 // not valid and into an *int64 an error, no row is sql.ErrNoRows (Exists: false).
 func TestRow(t *testing.T) {
 	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
+		conn := openConn(t, d)
 		ctx := testdb.Context(t, 30*time.Second)
-		conn := openConn(ctx, t, d)
 		var (
 			b  bool
 			n  int64
@@ -72,8 +74,8 @@ func TestRow(t *testing.T) {
 // closes.
 func TestStmt(t *testing.T) {
 	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
+		conn := openConn(t, d)
 		ctx := testdb.Context(t, 30*time.Second)
-		conn := openConn(ctx, t, d)
 		q := testdb.Rebind(d, "SELECT CAST(? AS CHAR(10)), 1")
 		if d == sqllock.Postgres {
 			q = "SELECT $1::text, 1"
