@@ -80,6 +80,10 @@ func TestTransientErrors(t *testing.T) {
 			t.Fatal(err)
 		}
 		retried := map[string]chan struct{}{"keepalive": make(chan struct{}, 1), "release": make(chan struct{}, 1)}
+		// The first retry of each of those waits until the test freed the row: the
+		// retries' backoff is short, and the commit that frees the row may take longer
+		// on a loaded machine (CI once saw every retry of a Release time out first).
+		freed := map[string]chan struct{}{"keepalive": make(chan struct{}), "release": make(chan struct{})}
 		counts := make(chan string, 100)
 		a := newLocker(t, db, d)
 		a.onTransient = func(op string, err error) {
@@ -93,6 +97,10 @@ func TestTransientErrors(t *testing.T) {
 			}
 			select {
 			case retried[op] <- struct{}{}:
+				select {
+				case <-freed[op]:
+				case <-time.After(time.Minute):
+				}
 			default:
 			}
 		}
@@ -128,6 +136,7 @@ func TestTransientErrors(t *testing.T) {
 			}()
 			waitRetry(op)
 			unblock()
+			close(freed[op])
 			if err := <-res; err != nil {
 				t.Fatalf("%s after a transient error: %v", op, err)
 			}
