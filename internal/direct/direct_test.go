@@ -17,9 +17,8 @@ func TestMain(m *testing.M) {
 	os.Exit(testdb.MainLeakFree(m))
 }
 
-// openConn returns a connection of a new pool, closed at the end of the test. The
-// pool comes first: it may start the server's container, which takes a while.
-func openConn(t *testing.T, d sqllock.Dialect) *sql.Conn {
+// openConn returns a new pool and a connection of it, closed at the end of the test.
+func openConn(t *testing.T, d sqllock.Dialect) (*sql.DB, *sql.Conn) {
 	t.Helper()
 	db := testdb.Open(t, d)
 	conn, err := db.Conn(testdb.Context(t, 30*time.Second))
@@ -27,14 +26,14 @@ func openConn(t *testing.T, d sqllock.Dialect) *sql.Conn {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	return conn
+	return db, conn
 }
 
 // TestRow: a row scans into *bool, *int64 and sql.Scanners, NULL into a Null type is
 // not valid and into an *int64 an error, no row is sql.ErrNoRows (Exists: false).
 func TestRow(t *testing.T) {
 	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
-		conn := openConn(t, d)
+		_, conn := openConn(t, d)
 		ctx := testdb.Context(t, 30*time.Second)
 		var (
 			b  bool
@@ -74,7 +73,7 @@ func TestRow(t *testing.T) {
 // closes.
 func TestStmt(t *testing.T) {
 	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
-		conn := openConn(t, d)
+		_, conn := openConn(t, d)
 		ctx := testdb.Context(t, 30*time.Second)
 		q := testdb.Rebind(d, "SELECT CAST(? AS CHAR(10)), 1")
 		if d == sqllock.Postgres {
@@ -100,13 +99,9 @@ func TestStmt(t *testing.T) {
 // and the connection it broke is not handed out again.
 func TestBounded(t *testing.T) {
 	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
-		db := testdb.Open(t, d)
+		db, conn := openConn(t, d)
 		db.SetMaxIdleConns(1)
 		ctx := testdb.Context(t, 30*time.Second)
-		conn, err := db.Conn(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
 		q := "SELECT SLEEP(10)"
 		if d == sqllock.Postgres {
 			q = "SELECT 1 FROM pg_sleep(10)"
@@ -114,7 +109,7 @@ func TestBounded(t *testing.T) {
 		qctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
 		defer cancel()
 		start := time.Now()
-		err = direct.Row(qctx, conn, q, nil, new(sql.NullInt64))
+		err := direct.Row(qctx, conn, q, nil, new(sql.NullInt64))
 		if took := time.Since(start); err == nil || took > 5*time.Second {
 			t.Fatalf("a 10 s statement under a 200 ms context: %v after %v", err, took)
 		}

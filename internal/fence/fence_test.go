@@ -17,9 +17,9 @@ func TestMain(m *testing.M) { os.Exit(testdb.Main(m)) }
 
 func TestNextIncreases(t *testing.T) {
 	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
-		db := testdb.Open(t, d) // first: it may start the server's container
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
+		db := testdb.Open(t, d)
 		name := testdb.Name(t, "\x00binary\xff")
 		if cur, err := fence.Current(ctx, db, d, name); err != nil || cur != 0 {
 			t.Fatalf("Current of a new name = %d, %v; want 0", cur, err)
