@@ -141,25 +141,22 @@ func assign(dest any, v driver.Value) error {
 	case sql.Scanner:
 		return d.Scan(v)
 	case *bool:
-		var b sql.NullBool
-		if err := b.Scan(v); err != nil {
-			return err
-		}
-		if !b.Valid {
-			return errors.New("NULL into a bool")
-		}
-		*d = b.Bool
+		return notNull(d, v)
 	case *int64:
-		var n sql.NullInt64
-		if err := n.Scan(v); err != nil {
-			return err
-		}
-		if !n.Valid {
-			return errors.New("NULL into an int64")
-		}
-		*d = n.Int64
-	default:
-		return fmt.Errorf("unsupported destination %T", dest)
+		return notNull(d, v)
 	}
+	return fmt.Errorf("unsupported destination %T", dest)
+}
+
+// notNull converts v into *d as database/sql would; NULL is an error.
+func notNull[T any](d *T, v driver.Value) error {
+	var n sql.Null[T]
+	if err := n.Scan(v); err != nil {
+		return err
+	}
+	if !n.Valid {
+		return fmt.Errorf("NULL into a %T", *d)
+	}
+	*d = n.V
 	return nil
 }
