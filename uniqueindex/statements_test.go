@@ -19,6 +19,7 @@ func TestMySQLStatementsDrawNoWarnings(t *testing.T) {
 	defer b.Close()
 	testdb.CheckMySQLStatements(t, map[string]string{
 		"acquireMySQL":     acquireMySQL,
+		"takeFreeMySQL":    takeFreeMySQL,
 		"renewMySQL":       renewMySQL,
 		"releaseMySQL":     releaseMySQL,
 		"forgetMySQL":      forgetMySQL,

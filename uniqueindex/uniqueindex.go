@@ -142,6 +142,7 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/sqllock/sqllock"
@@ -215,8 +216,12 @@ func WithRequireSyncReplication() Option {
 // released.
 type Locker struct {
 	b *rowlease.Locker
+	// granted remembers, per slot of keys, the last key this Locker was granted on
+	// MySQL, until an attempt on it finds it held (see takeFreeMySQL).
+	granted [256]atomic.Uint64
 
 	onTransient func(op string, err error) // test hook: a transient error is retried
+	onTakeFree  func(granted bool)         // test hook: takeFreeMySQL ran
 }
 
 // retryTransient is wait.Retry with the Locker's transient-error hook.
@@ -421,6 +426,32 @@ func (l *Locker) attempt(ctx context.Context, t *wait.Turn, enter bool, key []by
 	var r sql.Result
 	var err error
 	if t == nil {
+		if l.lastGranted(key) && (l.b.Line == nil || !l.b.Line.Contended(string(key))) {
+			// Most likely the row is there and free: take it over by its primary key.
+			r, err = l.exec(actx, takeFreeMySQL, l.b.Host, l.b.PID, owner, us, key)
+			if err != nil {
+				return attemptResult{}, err
+			}
+			n, err := r.RowsAffected()
+			if err != nil {
+				return attemptResult{}, err
+			}
+			if l.onTakeFree != nil {
+				l.onTakeFree(n == 1)
+			}
+			if n == 1 {
+				tok, err := r.LastInsertId()
+				if err != nil {
+					return attemptResult{}, err
+				}
+				if tok <= 0 {
+					return attemptResult{}, fmt.Errorf("uniqueindex: a take-over returned token %d", tok)
+				}
+				return attemptResult{ok: true, token: tok, start: start}, nil
+			}
+			// Held, or no row: the full attempt tells which (or inserts).
+			start = l.b.Now()
+		}
 		r, err = l.exec(actx, acquireMySQL, key, []byte(name), owner, key, us, l.b.Host, l.b.PID,
 			owner, l.b.Host, l.b.PID, owner, reentrant, owner, owner, us)
 	} else {
@@ -442,7 +473,36 @@ func (l *Locker) attempt(ctx context.Context, t *wait.Turn, enter bool, key []by
 		return attemptResult{}, nil
 	}
 	// See acquireMySQL: odd is a grant of token id/2, even a lock held by another.
+	l.noteOutcome(key, id%2 == 1)
 	return attemptResult{ok: id%2 == 1, token: id / 2, start: start, entered: enter}, nil
+}
+
+// noteOutcome records whether the last full attempt on key (MySQL) was granted.
+func (l *Locker) noteOutcome(key []byte, granted bool) {
+	slot, h := grantedSlot(key)
+	if granted {
+		l.granted[slot].Store(h)
+	} else {
+		l.granted[slot].CompareAndSwap(h, 0)
+	}
+}
+
+// lastGranted reports whether this Locker's last full attempt on key was granted:
+// the row then exists (MySQL frees rows in place), and is likely free again. A
+// heuristic: a wrong guess costs one statement, never correctness.
+func (l *Locker) lastGranted(key []byte) bool {
+	slot, h := grantedSlot(key)
+	return l.granted[slot].Load() == h
+}
+
+// grantedSlot is key's slot in Locker.granted and the value recorded there (never
+// 0). Keys are SHA-256 digests (namekey.Key).
+func grantedSlot(key []byte) (int, uint64) {
+	var h uint64
+	for i := 0; i < 8 && i < len(key); i++ {
+		h = h<<8 | uint64(key[i])
+	}
+	return int(h & 0xff), h | 1<<63
 }
 
 // acquireText is acquireMySQL as text for a turn's session, with its values in it
