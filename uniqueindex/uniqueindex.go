@@ -38,7 +38,8 @@
 //     use, or swept by the reaper, which first raises the name's sqllock_fence
 //     counter to the row's token) continues from that counter, read with a locking
 //     read in the same INSERT (the latest committed value, whatever the isolation
-//     level). One statement, one commit. Do not delete rows of sqllock_lease by hand
+//     level). One statement, one commit (two when a take-over by UPDATE misses, see
+//     Cost). Do not delete rows of sqllock_lease by hand
 //     on MySQL: the token of the name would start again from sqllock_fence; use the
 //     reaper or sqllock force-release.
 //
@@ -131,7 +132,12 @@
 // settings; a turn in the line sends its two as text). On MySQL a turn's session
 // also costs, when it is new to the Locker, the statements that set and later put
 // back its bound and one that reads its id; the Locker keeps a few such sessions for
-// reuse. A renewal is one UPDATE per lease every keep-alive interval.
+// reuse. On MySQL a Locker that was granted a name last time first tries a plain
+// UPDATE of the freed row (takeFreeMySQL), cheaper for the server; if the name was
+// taken meanwhile, or its row swept, that costs one statement more, and the Locker
+// then forgets the name until it is granted it again. Reentrant acquisitions
+// (sqllock.WithOwner) and keys with a known server-side line skip it. A renewal is
+// one UPDATE per lease every keep-alive interval.
 package uniqueindex
 
 import (
@@ -426,7 +432,7 @@ func (l *Locker) attempt(ctx context.Context, t *wait.Turn, enter bool, key []by
 	var r sql.Result
 	var err error
 	if t == nil {
-		if l.lastGranted(key) && (l.b.Line == nil || !l.b.Line.Contended(string(key))) {
+		if !reentrant && l.lastGranted(key) && (l.b.Line == nil || !l.b.Line.Contended(string(key))) {
 			// Most likely the row is there and free: take it over by its primary key.
 			r, err = l.exec(actx, takeFreeMySQL, l.b.Host, l.b.PID, owner, us, key)
 			if err != nil {
