@@ -75,8 +75,8 @@ ON DUPLICATE KEY UPDATE
 	// would, token included (the row's token plus one, returned as the insert id). It
 	// changes no row if the row is held, re-entered by the same owner, or absent (never
 	// used, or swept by the reaper); the full statement then runs. A Locker sends it
-	// first only for a key it was last granted (Locker.lastGranted) and sees no line
-	// for, and not for a reentrant acquisition (whose own live row it cannot take).
+	// first only for a key it was last granted (Locker.lastGranted), and not for a
+	// reentrant acquisition (whose own live row it cannot take).
 	//
 	// ? host, pid, owner, TTL µs, key.
 	takeFreeMySQL = `UPDATE sqllock_lease SET token = LAST_INSERT_ID(token + 1), acquired_at = UTC_TIMESTAMP(6), host = ?, pid = ?, owner = ?, holds = 1,

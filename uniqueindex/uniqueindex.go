@@ -136,13 +136,14 @@
 // UPDATE of the freed row (takeFreeMySQL), cheaper for the server; if the name was
 // taken meanwhile, or its row swept, that costs one statement more, and the Locker
 // then forgets the name until it is granted it again. Reentrant acquisitions
-// (sqllock.WithOwner) and keys with a known server-side line skip it. A renewal is
-// one UPDATE per lease every keep-alive interval.
+// (sqllock.WithOwner) skip it. A renewal is one UPDATE per lease every keep-alive
+// interval.
 package uniqueindex
 
 import (
 	"context"
 	"database/sql"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -432,28 +433,10 @@ func (l *Locker) attempt(ctx context.Context, t *wait.Turn, enter bool, key []by
 	var r sql.Result
 	var err error
 	if t == nil {
-		if !reentrant && l.lastGranted(key) && (l.b.Line == nil || !l.b.Line.Contended(string(key))) {
+		if !reentrant && l.lastGranted(key) {
 			// Most likely the row is there and free: take it over by its primary key.
-			r, err = l.exec(actx, takeFreeMySQL, l.b.Host, l.b.PID, owner, us, key)
-			if err != nil {
-				return attemptResult{}, err
-			}
-			n, err := r.RowsAffected()
-			if err != nil {
-				return attemptResult{}, err
-			}
-			if l.onTakeFree != nil {
-				l.onTakeFree(n == 1)
-			}
-			if n == 1 {
-				tok, err := r.LastInsertId()
-				if err != nil {
-					return attemptResult{}, err
-				}
-				if tok <= 0 {
-					return attemptResult{}, fmt.Errorf("uniqueindex: a take-over returned token %d", tok)
-				}
-				return attemptResult{ok: true, token: tok, start: start}, nil
+			if res, ok, err := l.takeFree(actx, key, owner, us, start); ok || err != nil {
+				return res, err
 			}
 			// Held, or no row: the full attempt tells which (or inserts).
 			start = l.b.Now()
@@ -483,6 +466,33 @@ func (l *Locker) attempt(ctx context.Context, t *wait.Turn, enter bool, key []by
 	return attemptResult{ok: id%2 == 1, token: id / 2, start: start, entered: enter}, nil
 }
 
+// takeFree sends takeFreeMySQL (start: when it is sent). ok reports a grant; a row
+// it did not change (held, or gone) is neither a grant nor an error.
+func (l *Locker) takeFree(ctx context.Context, key, owner []byte, us int64, start time.Time) (res attemptResult, ok bool, err error) {
+	r, err := l.exec(ctx, takeFreeMySQL, l.b.Host, l.b.PID, owner, us, key)
+	if err != nil {
+		return attemptResult{}, false, err
+	}
+	n, err := r.RowsAffected()
+	if err != nil {
+		return attemptResult{}, false, err
+	}
+	if l.onTakeFree != nil {
+		l.onTakeFree(n == 1)
+	}
+	if n != 1 {
+		return attemptResult{}, false, nil
+	}
+	tok, err := r.LastInsertId()
+	if err == nil && tok <= 0 {
+		err = fmt.Errorf("uniqueindex: a take-over returned token %d", tok)
+	}
+	if err != nil {
+		return attemptResult{}, false, err
+	}
+	return attemptResult{ok: true, token: tok, start: start}, true, nil
+}
+
 // noteOutcome records whether the last full attempt on key (MySQL) was granted.
 func (l *Locker) noteOutcome(key []byte, granted bool) {
 	slot, h := grantedSlot(key)
@@ -502,12 +512,9 @@ func (l *Locker) lastGranted(key []byte) bool {
 }
 
 // grantedSlot is key's slot in Locker.granted and the value recorded there (never
-// 0). Keys are SHA-256 digests (namekey.Key).
+// 0): the key's first 8 bytes. Keys are SHA-256 digests (namekey.Key).
 func grantedSlot(key []byte) (int, uint64) {
-	var h uint64
-	for i := 0; i < 8 && i < len(key); i++ {
-		h = h<<8 | uint64(key[i])
-	}
+	h := binary.BigEndian.Uint64(key)
 	return int(h & 0xff), h | 1<<63
 }
 
