@@ -314,7 +314,7 @@ func (s *session) unlock(ctx context.Context, keep bool) (bool, error) {
 		if keep {
 			k = kept
 		}
-		return direct.Exists(ctx, s.conn, s.l.pgStmts(s.id).unlock[k], direct.Args(s.id.pgArgs()...))
+		return direct.Exists(ctx, s.conn, s.l.pgStmts(s.id).unlock[k], s.id.pgArgs())
 	}
 	var got sql.NullInt64
 	err := s.l.myRow(ctx, s.conn, "SELECT RELEASE_LOCK(?)", s.id.myName, &got)

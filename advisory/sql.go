@@ -140,7 +140,7 @@ func (l *Locker) pgLock(ctx context.Context, conn *sql.Conn, keptSid int64, id l
 	stamp := sessionStamp(conn)
 	args := append(id.pgArgs(), stamp)
 	if !wait {
-		err = direct.Row(ctx, conn, st.try[k], direct.Args(args...), l.withToken(&t, &ok, &sid, &prev)...)
+		err = direct.Row(ctx, conn, st.try[k], args, l.withToken(&t, &ok, &sid, &prev)...)
 		dirty = err != nil
 	} else {
 		// A wait that ctx ends is cancelled on the server (see internal/interrupt):
@@ -149,7 +149,7 @@ func (l *Locker) pgLock(ctx context.Context, conn *sql.Conn, keptSid int64, id l
 		// instant dies with it.
 		dirty, err = l.interrupter().Run(ctx, interrupt.Target{PgConn: interrupt.PgConn(conn), Label: id.name}, false,
 			func(qctx context.Context) error {
-				return conn.QueryRowContext(qctx, st.wait[k], args...).Scan(l.withToken(&t, &sid, &prev)...)
+				return direct.Row(qctx, conn, st.wait[k], args, l.withToken(&t, &sid, &prev)...)
 			})
 		ok, dirty = err == nil, dirty || err != nil
 	}
@@ -288,7 +288,7 @@ func (l *Locker) myLock(ctx context.Context, conn *sql.Conn, sid int64, id lockI
 // (package direct).
 func (l *Locker) myRow(ctx context.Context, conn *sql.Conn, query, myName string, dest ...any) error {
 	if st := l.pins.Stmt(ctx, conn, query); st != nil {
-		return st.Row(ctx, conn, direct.Args(myName), dest...)
+		return st.Row(ctx, conn, []any{myName}, dest...)
 	}
 	return direct.Row(ctx, conn, strings.Replace(query, "?", "'"+myName+"'", 1), nil, dest...)
 }

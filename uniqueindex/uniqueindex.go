@@ -406,7 +406,7 @@ func (l *Locker) attempt(ctx context.Context, t *wait.Turn, enter bool, key []by
 			// The grant's clock starts when the statement is sent, not before the
 			// connection was obtained (possibly dialled).
 			res.start = l.b.Now()
-			return direct.Row(qctx, conn, query, direct.Args(args...), dest...)
+			return direct.Row(qctx, conn, query, args, dest...)
 		}
 		var err error
 		if t != nil {

@@ -22,21 +22,32 @@ import (
 	"errors"
 	"fmt"
 	"io"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/stdlib"
 )
 
-// Row runs query with args on conn's driver connection and scans its first row into
-// dest, each a *bool, an *int64 or a sql.Scanner (sql.NullInt64, sql.NullString...);
-// a NULL into a *bool or an *int64 is an error. It returns sql.ErrNoRows when the
-// query returns no row. The driver must implement driver.QueryerContext (pgx's
-// stdlib and go-sql-driver/mysql do). go-sql-driver/mysql refuses arguments here (it
-// would prepare the statement): inline them in query, or use a Stmt.
-func Row(ctx context.Context, conn *sql.Conn, query string, args []driver.NamedValue, dest ...any) error {
+// Row runs query with args ($1, $2... in order: values of types the driver takes,
+// such as int32, int64, string, []byte) on conn's driver connection and scans its
+// first row into dest, each a *bool, an *int64 or a sql.Scanner (sql.NullInt64,
+// sql.NullString...), one per column from the first (later columns may be left
+// out); a NULL into a *bool or an *int64 is an error. It returns sql.ErrNoRows when
+// the query returns no row. On pgx's own driver (stdlib) the statement goes through
+// pgx itself (pgxRow); another driver must implement driver.QueryerContext
+// (go-sql-driver/mysql does, and so must a driver wrapping pgx's). go-sql-driver/mysql
+// refuses arguments here (it would prepare the statement): inline them in query, or
+// use a Stmt.
+func Row(ctx context.Context, conn *sql.Conn, query string, args []any, dest ...any) error {
 	return conn.Raw(func(dc any) error {
+		if pc, ok := dc.(*stdlib.Conn); ok {
+			return pgxRow(ctx, pc.Conn(), query, args, dest)
+		}
 		q, ok := dc.(driver.QueryerContext)
 		if !ok {
 			return fmt.Errorf("direct: driver connection %T cannot query with a context", dc)
 		}
-		rows, err := q.QueryContext(ctx, query, args)
+		rows, err := q.QueryContext(ctx, query, named(args))
 		if err != nil {
 			return err
 		}
@@ -46,7 +57,7 @@ func Row(ctx context.Context, conn *sql.Conn, query string, args []driver.NamedV
 
 // Exists runs query with args on conn's driver connection and reports whether it
 // returned a row. See Row.
-func Exists(ctx context.Context, conn *sql.Conn, query string, args []driver.NamedValue) (bool, error) {
+func Exists(ctx context.Context, conn *sql.Conn, query string, args []any) (bool, error) {
 	err := Row(ctx, conn, query, args)
 	if errors.Is(err, sql.ErrNoRows) {
 		return false, nil
@@ -54,9 +65,12 @@ func Exists(ctx context.Context, conn *sql.Conn, query string, args []driver.Nam
 	return err == nil, err
 }
 
-// Args returns vals as the driver's ordinal arguments ($1, $2...). The values go to
-// the driver as they are: use types it takes (int32, int64, string).
-func Args(vals ...any) []driver.NamedValue {
+// named returns vals as the driver's ordinal arguments. The values go to the driver
+// as they are.
+func named(vals []any) []driver.NamedValue {
+	if len(vals) == 0 {
+		return nil
+	}
 	nv := make([]driver.NamedValue, len(vals))
 	for i, v := range vals {
 		nv[i] = driver.NamedValue{Ordinal: i + 1, Value: v}
@@ -96,9 +110,9 @@ func Prepare(ctx context.Context, conn *sql.Conn, query string) (*Stmt, error) {
 
 // Row runs the statement with args on conn, the connection it was prepared on, and
 // scans its first row into dest, as the package's Row does.
-func (s *Stmt) Row(ctx context.Context, conn *sql.Conn, args []driver.NamedValue, dest ...any) error {
+func (s *Stmt) Row(ctx context.Context, conn *sql.Conn, args []any, dest ...any) error {
 	return conn.Raw(func(any) error {
-		rows, err := s.st.(driver.StmtQueryContext).QueryContext(ctx, args)
+		rows, err := s.st.(driver.StmtQueryContext).QueryContext(ctx, named(args))
 		if err != nil {
 			return err
 		}
@@ -159,4 +173,45 @@ func notNull[T any](d *T, v driver.Value) error {
 	}
 	*d = n.V
 	return nil
+}
+
+// pgxRow is Row on the pgx connection of pgx's own database/sql driver, through pgx
+// itself: stdlib's rows would convert every value to a driver.Value first (measured:
+// 11 fewer allocations per advisory TryAcquire+Release). Not for a driver wrapping
+// pgx's (tracing, counting): its hooks must see the statement. Errors are mapped as
+// stdlib maps them: a closed connection, or a statement that failed before anything
+// reached the server, is driver.ErrBadConn, so that database/sql discards the
+// connection.
+func pgxRow(ctx context.Context, c *pgx.Conn, query string, args []any, dest []any) error {
+	if c.IsClosed() {
+		return driver.ErrBadConn
+	}
+	rows, err := c.Query(ctx, query, args...)
+	if err != nil {
+		if pgconn.SafeToRetry(err) {
+			return driver.ErrBadConn
+		}
+		return err
+	}
+	defer rows.Close()
+	if !rows.Next() {
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		return sql.ErrNoRows
+	}
+	if n := len(rows.FieldDescriptions()); n != len(dest) {
+		if n < len(dest) {
+			return fmt.Errorf("direct: %d columns, %d destinations", n, len(dest))
+		}
+		all := make([]any, n) // nil: the column is skipped
+		copy(all, dest)
+		dest = all
+	}
+	if err := rows.Scan(dest...); err != nil {
+		return err
+	}
+	rows.Close()
+	return rows.Err()
 }

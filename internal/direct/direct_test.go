@@ -4,7 +4,9 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"os"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -62,8 +64,99 @@ func TestRow(t *testing.T) {
 			t.Fatalf("Exists of a row = %v, %v", ok, err)
 		}
 		if d == sqllock.Postgres {
-			if err := direct.Row(ctx, conn, "SELECT $1::int8 + $2::int4", direct.Args(int64(40), int32(2)), &n); err != nil || n != 42 {
+			if err := direct.Row(ctx, conn, "SELECT $1::int8 + $2::int4", []any{int64(40), int32(2)}, &n); err != nil || n != 42 {
 				t.Fatalf("with arguments: %v, %v", n, err)
+			}
+		}
+		n = 0
+		if err := direct.Row(ctx, conn, "SELECT 42, 'x'", nil, &n); err != nil || n != 42 {
+			t.Fatalf("fewer destinations than columns: %v, %v", n, err)
+		}
+		if err := direct.Row(ctx, conn, "SELECT 42", nil, &n, &s); err == nil {
+			t.Fatal("more destinations than columns: no error")
+		}
+		if err := direct.Row(ctx, conn, "SELECT NULL", nil, &b); err == nil {
+			t.Fatal("NULL into a *bool: no error")
+		}
+		// The connection is still usable after each of those errors.
+		if err := direct.Row(ctx, conn, "SELECT 7", nil, &n); err != nil || n != 7 {
+			t.Fatalf("after the errors: %v, %v", n, err)
+		}
+	})
+}
+
+// TestThroughWrappers: a driver wrapping pgx's (tracing, counting) sees every
+// statement run directly: only pgx's own driver connection is bypassed.
+func TestThroughWrappers(t *testing.T) {
+	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
+		var sent atomic.Int64
+		db := testdb.OpenCounting(t, d, &sent)
+		ctx := testdb.Context(t, 30*time.Second)
+		conn, err := db.Conn(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		sent.Store(0)
+		var n int64
+		for range 3 {
+			if err := direct.Row(ctx, conn, "SELECT 42", nil, &n); err != nil || n != 42 {
+				t.Fatalf("through the wrapper: %v, %v", n, err)
+			}
+		}
+		if got := sent.Load(); got != 3 {
+			t.Fatalf("the wrapper saw %d statements, want 3", got)
+		}
+	})
+}
+
+// TestKilledSession: a statement on a session the server ended fails, and the pool
+// does not hand that connection out again.
+func TestKilledSession(t *testing.T) {
+	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
+		db, conn := openConn(t, d)
+		ctx := testdb.Context(t, 30*time.Second)
+		var sid int64
+		q := "SELECT CONNECTION_ID()"
+		if d == sqllock.Postgres {
+			q = "SELECT pg_backend_pid()"
+		}
+		if err := direct.Row(ctx, conn, q, nil, &sid); err != nil {
+			t.Fatal(err)
+		}
+		// Gone when this returns: PostgreSQL waits for the backend to exit, and
+		// MySQL's KILL closes the session's connection before the next statement can
+		// reach it (checked in the processlist).
+		// (KILL takes no placeholder on MySQL.)
+		kill, gone := fmt.Sprintf("KILL %d", sid), "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = ?"
+		if d == sqllock.Postgres {
+			kill, gone = fmt.Sprintf("SELECT pg_terminate_backend(%d, 10000)", sid), "SELECT COUNT(*) FROM pg_stat_activity WHERE pid = $1"
+		}
+		if _, err := db.ExecContext(ctx, kill); err != nil {
+			t.Fatal(err)
+		}
+		for {
+			var left int64
+			if err := db.QueryRowContext(ctx, gone, sid).Scan(&left); err != nil {
+				t.Fatal(err)
+			}
+			if left == 0 {
+				break
+			}
+			time.Sleep(10 * time.Millisecond) // no signal for a session's exit
+		}
+		var n int64
+		if err := direct.Row(ctx, conn, "SELECT 1", nil, &n); err == nil {
+			t.Fatal("a statement on a killed session: no error")
+		}
+		conn.Close()
+		for range 3 {
+			var other int64
+			if err := db.QueryRowContext(ctx, q).Scan(&other); err != nil {
+				t.Fatalf("the pool after a killed session: %v", err)
+			}
+			if other == sid {
+				t.Fatalf("the pool handed out the killed session %d again", sid)
 			}
 		}
 	})
@@ -85,7 +178,7 @@ func TestStmt(t *testing.T) {
 		}
 		for _, v := range []string{"a", "b"} {
 			var s sql.NullString
-			if err := st.Row(ctx, conn, direct.Args(v), &s); err != nil || s.String != v {
+			if err := st.Row(ctx, conn, []any{v}, &s); err != nil || s.String != v {
 				t.Fatalf("Row(%q) = %q, %v", v, s.String, err)
 			}
 		}

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/sqllock/sqllock"
-	"github.com/sqllock/sqllock/internal/direct"
 	"github.com/sqllock/sqllock/testdb"
 )
 
@@ -113,7 +112,7 @@ func TestStmt(t *testing.T) {
 				t.Fatal("Stmt prepared the statement again")
 			}
 			var got int64
-			if err := st.Row(ctx, again, direct.Args(int64(i)), &got); err != nil || got != int64(i+1) {
+			if err := st.Row(ctx, again, []any{int64(i)}, &got); err != nil || got != int64(i+1) {
 				t.Fatalf("the statement: %d, %v; want %d", got, err, i+1)
 			}
 		}
