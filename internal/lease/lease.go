@@ -130,7 +130,6 @@ type Lease struct {
 	released bool      // Release was called
 	cleaned  bool      // GiveBack(lost) ran after a loss
 	heldAt   time.Time // MarkHeld: counted as held since (telemetry)
-	holding  bool      // MarkHeld: counted in the holders gauge
 	timer    *time.Timer
 
 	renewMu sync.Mutex // one keep-alive at a time: the loop's, Refresh's, or Release's give-back
@@ -320,9 +319,9 @@ func (l *Lease) end(err error, why string) bool {
 	if l.timer != nil {
 		l.timer.Stop()
 	}
-	heldAt, holding := l.heldAt, l.holding
+	heldAt := l.heldAt
 	l.mu.Unlock()
-	l.ended(heldAt, holding, why)
+	l.ended(heldAt, why)
 	close(l.done)
 	if l.onEnd != nil {
 		l.onEnd()

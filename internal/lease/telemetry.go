@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
-	"reflect"
 	"sync"
 	"time"
 
@@ -14,7 +13,6 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
-	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/sqllock/sqllock"
 )
@@ -24,10 +22,6 @@ import (
 // which are no-ops until the application installs an SDK; installed later, they
 // still receive everything from then on (the global providers delegate). Every
 // strategy reports the same names, from here. The README lists them.
-
-// Until an application installs providers, the global ones drop every span and
-// measurement; the library then builds none (no span, no attribute lookup): see
-// installed.
 
 // Scope is the instrumentation scope of the library's meter and tracer.
 const Scope = "github.com/sqllock/sqllock"
@@ -91,26 +85,6 @@ func newInstruments() *instruments {
 		metric.WithDescription("Time one keep-alive took."))
 	return i
 }
-
-// installed reports whether p, the global TracerProvider or MeterProvider, is one
-// the application installed (otel.SetTracerProvider, otel.SetMeterProvider, an SDK's
-// or a no-op one), rather than the API's default, which drops everything until then.
-// (Should the API move its default elsewhere, every provider counts as installed:
-// the library records as before, at the cost of the work.)
-func installed(p any) bool {
-	t := reflect.TypeOf(p)
-	for t != nil && t.Kind() == reflect.Pointer {
-		t = t.Elem()
-	}
-	return t == nil || t.PkgPath() != apiDefaults
-}
-
-// apiDefaults is the package of the API's default global providers.
-const apiDefaults = "go.opentelemetry.io/otel/internal/global"
-
-// tracing and metering report whether spans and measurements would go anywhere.
-func tracing() bool  { return installed(otel.GetTracerProvider()) }
-func metering() bool { return installed(otel.GetMeterProvider()) }
 
 // dbSystem is the OpenTelemetry name of the dialect's database.
 func dbSystem(d sqllock.Dialect) string {
@@ -177,12 +151,11 @@ func Observed[L any](ctx context.Context, lb Label, block bool,
 
 // acquisition is one Acquire or TryAcquire under observation.
 type acquisition struct {
-	label   Label
-	op      string
-	block   bool
-	waiting bool // counted in the waiters gauge
-	start   time.Time
-	span    trace.Span
+	label Label
+	op    string
+	block bool
+	start time.Time
+	span  trace.Span
 }
 
 // startAcquisition begins the observation of an acquisition (op "acquire" when it
@@ -193,8 +166,7 @@ func startAcquisition(ctx context.Context, lb Label, block bool) (context.Contex
 		a.op = "acquire"
 	}
 	ctx, a.span = lb.startSpan(ctx, "sqllock."+a.op)
-	if block && metering() {
-		a.waiting = true
+	if block {
 		tel.waiters.Add(ctx, 1, a.label.attrs())
 	}
 	return ctx, a
@@ -203,7 +175,7 @@ func startAcquisition(ctx context.Context, lb Label, block bool) (context.Contex
 // end records the outcome: the granted lease's core and token, or the error.
 func (a *acquisition) end(core *Lease, token int64, err error) {
 	ctx := context.Background()
-	if a.waiting {
+	if a.block {
 		tel.waiters.Add(ctx, -1, a.label.attrs())
 	}
 	result := "acquired"
@@ -218,11 +190,9 @@ func (a *acquisition) end(core *Lease, token int64, err error) {
 	default:
 		result = "error"
 	}
-	if metering() {
-		attrs := a.label.attrs(AttrOperation, a.op, AttrResult, result)
-		tel.acquisitions.Add(ctx, 1, attrs)
-		tel.acquireDur.Record(ctx, time.Since(a.start).Seconds(), attrs)
-	}
+	attrs := a.label.attrs(AttrOperation, a.op, AttrResult, result)
+	tel.acquisitions.Add(ctx, 1, attrs)
+	tel.acquireDur.Record(ctx, time.Since(a.start).Seconds(), attrs)
 	if a.span.IsRecording() {
 		a.span.SetAttributes(attribute.String(AttrResult, result))
 	}
@@ -240,37 +210,28 @@ func (l *Lease) MarkHeld() {
 	defer l.mu.Unlock()
 	if l.heldAt.IsZero() && l.err == nil {
 		l.heldAt = time.Now()
-		if metering() {
-			l.holding = true
-			tel.holders.Add(context.Background(), 1, l.label.attrs())
-		}
+		tel.holders.Add(context.Background(), 1, l.label.attrs())
 	}
 }
 
 // ended records the end of a lease marked held: why is "" for a release, else the
-// cause of the loss; holding says that the holders gauge counted it. Called once, by
-// end.
-func (l *Lease) ended(heldAt time.Time, holding bool, why string) {
-	ctx := context.Background()
-	if holding {
-		tel.holders.Add(ctx, -1, l.label.attrs())
-	}
-	if heldAt.IsZero() || !metering() {
+// cause of the loss. Called once, by end.
+func (l *Lease) ended(heldAt time.Time, why string) {
+	if heldAt.IsZero() {
 		return
 	}
+	ctx := context.Background()
 	end := "released"
 	if why != "" {
 		end = "lost"
 		tel.losses.Add(ctx, 1, l.label.attrs(AttrCause, why))
 	}
+	tel.holders.Add(ctx, -1, l.label.attrs())
 	tel.holdDur.Record(ctx, time.Since(heldAt).Seconds(), l.label.attrs(AttrEnd, end))
 }
 
 // renewal records one keep-alive that started at start.
 func (l *Lease) renewal(start time.Time, err error) {
-	if !metering() {
-		return
-	}
 	result := "ok"
 	switch {
 	case errors.Is(err, ErrGone):
@@ -292,12 +253,8 @@ func (l *Lease) releaseSpan(ctx context.Context) (context.Context, trace.Span) {
 var clientSpan = trace.WithSpanKind(trace.SpanKindClient)
 
 // startSpan starts a client span of the label's lock; its attributes are built only
-// if the span records (an SDK is installed and samples it). With no TracerProvider
-// installed it starts none: ctx comes back as it is, with a span that does nothing.
+// if the span records (an SDK is installed and samples it).
 func (lb Label) startSpan(ctx context.Context, name string) (context.Context, trace.Span) {
-	if !tracing() {
-		return ctx, noop.Span{}
-	}
 	ctx, span := tel.tracer.Start(ctx, name, clientSpan)
 	if span.IsRecording() {
 		span.SetAttributes(attribute.String(AttrStrategy, lb.Strategy), attribute.String(AttrDBSystem, dbSystem(lb.Dialect)), lb.nameAttr())
