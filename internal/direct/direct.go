@@ -179,9 +179,12 @@ func notNull[T any](d *T, v driver.Value) error {
 // itself: stdlib's rows would convert every value to a driver.Value first (measured:
 // 11 fewer allocations per advisory TryAcquire+Release). Not for a driver wrapping
 // pgx's (tracing, counting): its hooks must see the statement. Errors are mapped as
-// stdlib maps them: a closed connection, or a statement that failed before anything
-// reached the server, is driver.ErrBadConn, so that database/sql discards the
-// connection.
+// stdlib maps them: a closed connection, or an error of Query that pgx says is safe
+// to retry (nothing reached the server), is driver.ErrBadConn, so that database/sql
+// discards the connection at once; a later error is returned as it is, and a
+// connection that pgx closed on it is discarded when the pool next checks it
+// (stdlib's IsValid). A failed scan makes pgx forget the statement it had prepared
+// for query (prepared again next time), which the callers' types never cause.
 func pgxRow(ctx context.Context, c *pgx.Conn, query string, args []any, dest []any) error {
 	if c.IsClosed() {
 		return driver.ErrBadConn
