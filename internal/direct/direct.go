@@ -34,25 +34,67 @@ import (
 // sql.NullString...), one per column from the first (later columns may be left
 // out); a NULL into a *bool or an *int64 is an error. It returns sql.ErrNoRows when
 // the query returns no row. On pgx's own driver (stdlib) the statement goes through
-// pgx itself (pgxRow); another driver must implement driver.QueryerContext
-// (go-sql-driver/mysql does, and so must a driver wrapping pgx's). go-sql-driver/mysql
-// refuses arguments here (it would prepare the statement): inline them in query, or
-// use a Stmt.
+// pgx itself (pgxRow); on another driver through its driver.QueryerContext; a driver
+// that has none, or declines (driver.ErrSkip: go-sql-driver/mysql does for a query
+// with arguments, which it would prepare, run and close: three round trips; inline
+// them in query, or use a Stmt), runs it through database/sql (viaSQL).
 func Row(ctx context.Context, conn *sql.Conn, query string, args []any, dest ...any) error {
-	return conn.Raw(func(dc any) error {
+	declined := false
+	err := conn.Raw(func(dc any) error {
 		if pc, ok := dc.(*stdlib.Conn); ok {
 			return pgxRow(ctx, pc.Conn(), query, args, dest)
 		}
 		q, ok := dc.(driver.QueryerContext)
 		if !ok {
-			return fmt.Errorf("direct: driver connection %T cannot query with a context", dc)
+			declined = true
+			return nil
 		}
 		rows, err := q.QueryContext(ctx, query, named(args))
+		if errors.Is(err, driver.ErrSkip) {
+			declined = true
+			return nil
+		}
 		if err != nil {
 			return err
 		}
 		return scanFirst(rows, dest)
 	})
+	if declined {
+		return viaSQL(ctx, conn, query, args, dest)
+	}
+	return err
+}
+
+// viaSQL is Row through database/sql, for a driver connection that cannot run the
+// query itself.
+func viaSQL(ctx context.Context, conn *sql.Conn, query string, args, dest []any) error {
+	rows, err := conn.QueryContext(ctx, query, args...)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	if !rows.Next() {
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		return sql.ErrNoRows
+	}
+	cols, err := rows.Columns()
+	if err != nil {
+		return err
+	}
+	if len(cols) < len(dest) {
+		return fmt.Errorf("direct: %d columns, %d destinations", len(cols), len(dest))
+	}
+	all := make([]any, len(cols))
+	copy(all, dest)
+	for i := len(dest); i < len(all); i++ {
+		all[i] = new(any) // a column left out
+	}
+	if err := rows.Scan(all...); err != nil {
+		return err
+	}
+	return rows.Close()
 }
 
 // Exists runs query with args on conn's driver connection and reports whether it

@@ -3,6 +3,7 @@ package direct_test
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"os"
@@ -214,3 +215,90 @@ func TestBounded(t *testing.T) {
 		}
 	})
 }
+
+// TestDeclined: a driver connection that can only prepare (no QueryerContext, as a
+// minimal wrapping driver), and a query that go-sql-driver declines (arguments:
+// driver.ErrSkip), run through database/sql, with Row's rules.
+func TestDeclined(t *testing.T) {
+	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
+		ctx := testdb.Context(t, 30*time.Second)
+		plain := testdb.Open(t, d)
+		inner, err := plain.Driver().(driver.DriverContext).OpenConnector(testdb.DSN(t, d))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var prepared atomic.Int64
+		db := sql.OpenDB(prepareOnlyConnector{inner: inner, prepared: &prepared})
+		t.Cleanup(func() { db.Close() })
+		conn, err := db.Conn(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		var n int64
+		if err := direct.Row(ctx, conn, "SELECT 42, 'x'", nil, &n); err != nil || n != 42 {
+			t.Fatalf("fewer destinations than columns: %v, %v", n, err)
+		}
+		if prepared.Load() == 0 {
+			t.Fatal("the query did not go through database/sql (nothing prepared)")
+		}
+		if err := direct.Row(ctx, conn, "SELECT 42", nil, &n, new(int64)); err == nil {
+			t.Fatal("more destinations than columns: no error")
+		}
+		if err := direct.Row(ctx, conn, "SELECT NULL", nil, &n); err == nil {
+			t.Fatal("NULL into an *int64: no error")
+		}
+		none := "SELECT 1 WHERE 1 = 0"
+		if err := direct.Row(ctx, conn, none, nil, &n); !errors.Is(err, sql.ErrNoRows) {
+			t.Fatalf("no row: %v, want sql.ErrNoRows", err)
+		}
+		if ok, err := direct.Exists(ctx, conn, "SELECT 1", nil); !ok || err != nil {
+			t.Fatalf("Exists of a row = %v, %v", ok, err)
+		}
+
+		// Arguments, on a connection of the driver itself.
+		pconn, err := plain.Conn(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pconn.Close()
+		q := "SELECT CAST(? AS SIGNED) + 1"
+		if d == sqllock.Postgres {
+			q = "SELECT $1::int8 + 1"
+		}
+		if err := direct.Row(ctx, pconn, q, []any{int64(41)}, &n); err != nil || n != 42 {
+			t.Fatalf("with an argument: %v, %v", n, err)
+		}
+	})
+}
+
+// prepareOnlyConnector wraps a driver's connections so that they offer only
+// driver.Conn (Prepare, Close, Begin): database/sql prepares every query on them.
+type prepareOnlyConnector struct {
+	inner    driver.Connector
+	prepared *atomic.Int64
+}
+
+func (c prepareOnlyConnector) Connect(ctx context.Context) (driver.Conn, error) {
+	conn, err := c.inner.Connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return prepareOnlyConn{inner: conn, prepared: c.prepared}, nil
+}
+
+func (c prepareOnlyConnector) Driver() driver.Driver { return c.inner.Driver() }
+
+type prepareOnlyConn struct {
+	inner    driver.Conn
+	prepared *atomic.Int64
+}
+
+func (c prepareOnlyConn) Prepare(q string) (driver.Stmt, error) {
+	c.prepared.Add(1)
+	return c.inner.Prepare(q)
+}
+
+func (c prepareOnlyConn) Close() error { return c.inner.Close() }
+
+func (c prepareOnlyConn) Begin() (driver.Tx, error) { return c.inner.Begin() }
