@@ -19,9 +19,12 @@ import (
 
 // Telemetry, through the OpenTelemetry API only: the instruments come from the global
 // MeterProvider and TracerProvider (otel.SetMeterProvider, otel.SetTracerProvider),
-// which are no-ops until the application installs an SDK; installed later, they
-// still receive everything from then on (the global providers delegate). Every
-// strategy reports the same names, from here. The README lists them.
+// which record nothing until the application installs an SDK (or OpenTelemetry's
+// eBPF auto-instrumentation takes the default tracer's spans); installed later, they
+// still receive everything from then on (the global providers delegate). So the
+// library always starts its spans and records its measurements: whether they go
+// anywhere cannot be told through the API. Every strategy reports the same names,
+// from here. The README lists them.
 
 // Scope is the instrumentation scope of the library's meter and tracer.
 const Scope = "github.com/sqllock/sqllock"
