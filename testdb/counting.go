@@ -17,20 +17,21 @@ import (
 // acquisition are exact on both dialects; on MySQL the server's Questions counter is
 // reported beside it (it also counts other clients of the server).
 
-type countingConnector struct {
+// wrapConnector hands out the connections of inner wrapped by wrap.
+type wrapConnector struct {
 	inner driver.Connector
-	n     *atomic.Int64
+	wrap  func(driver.Conn) driver.Conn
 }
 
-func (c countingConnector) Connect(ctx context.Context) (driver.Conn, error) {
+func (c wrapConnector) Connect(ctx context.Context) (driver.Conn, error) {
 	conn, err := c.inner.Connect(ctx)
 	if err != nil {
 		return nil, err
 	}
-	return &countingConn{inner: conn, n: c.n}, nil
+	return c.wrap(conn), nil
 }
 
-func (c countingConnector) Driver() driver.Driver { return c.inner.Driver() }
+func (c wrapConnector) Driver() driver.Driver { return c.inner.Driver() }
 
 type countingConn struct {
 	inner driver.Conn
@@ -144,6 +145,13 @@ func (t *countingTx) Rollback() error { t.n.Add(1); return t.Tx.Rollback() }
 // driver does, so code that sends cancel requests works through them.
 func OpenCounting(b testing.TB, d sqllock.Dialect, n *atomic.Int64) *sql.DB {
 	b.Helper()
+	return OpenWrapped(b, d, func(c driver.Conn) driver.Conn { return &countingConn{inner: c, n: n} })
+}
+
+// OpenWrapped opens a pool to the test database of d whose driver connections are
+// the driver's own wrapped by wrap, as a wrapping driver (tracing, hooks) does.
+func OpenWrapped(b testing.TB, d sqllock.Dialect, wrap func(driver.Conn) driver.Conn) *sql.DB {
+	b.Helper()
 	plain := Open(b, d)
 	dc, ok := plain.Driver().(driver.DriverContext)
 	if !ok {
@@ -153,7 +161,7 @@ func OpenCounting(b testing.TB, d sqllock.Dialect, n *atomic.Int64) *sql.DB {
 	if err != nil {
 		b.Fatal(err)
 	}
-	db := sql.OpenDB(countingConnector{inner: inner, n: n})
+	db := sql.OpenDB(wrapConnector{inner: inner, wrap: wrap})
 	b.Cleanup(func() { db.Close() })
 	return db
 }

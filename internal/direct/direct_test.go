@@ -222,14 +222,10 @@ func TestBounded(t *testing.T) {
 func TestDeclined(t *testing.T) {
 	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
 		ctx := testdb.Context(t, 30*time.Second)
-		plain := testdb.Open(t, d)
-		inner, err := plain.Driver().(driver.DriverContext).OpenConnector(testdb.DSN(t, d))
-		if err != nil {
-			t.Fatal(err)
-		}
 		var prepared atomic.Int64
-		db := sql.OpenDB(prepareOnlyConnector{inner: inner, prepared: &prepared})
-		t.Cleanup(func() { db.Close() })
+		db := testdb.OpenWrapped(t, d, func(c driver.Conn) driver.Conn {
+			return prepareOnlyConn{inner: c, prepared: &prepared}
+		})
 		conn, err := db.Conn(ctx)
 		if err != nil {
 			t.Fatal(err)
@@ -257,6 +253,7 @@ func TestDeclined(t *testing.T) {
 		}
 
 		// Arguments, on a connection of the driver itself.
+		plain := testdb.Open(t, d)
 		pconn, err := plain.Conn(ctx)
 		if err != nil {
 			t.Fatal(err)
@@ -272,23 +269,8 @@ func TestDeclined(t *testing.T) {
 	})
 }
 
-// prepareOnlyConnector wraps a driver's connections so that they offer only
-// driver.Conn (Prepare, Close, Begin): database/sql prepares every query on them.
-type prepareOnlyConnector struct {
-	inner    driver.Connector
-	prepared *atomic.Int64
-}
-
-func (c prepareOnlyConnector) Connect(ctx context.Context) (driver.Conn, error) {
-	conn, err := c.inner.Connect(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return prepareOnlyConn{inner: conn, prepared: c.prepared}, nil
-}
-
-func (c prepareOnlyConnector) Driver() driver.Driver { return c.inner.Driver() }
-
+// prepareOnlyConn offers only driver.Conn (Prepare, Close, Begin) of the driver's
+// connection: database/sql prepares every query on it.
 type prepareOnlyConn struct {
 	inner    driver.Conn
 	prepared *atomic.Int64
