@@ -83,18 +83,32 @@ func viaSQL(ctx context.Context, conn *sql.Conn, query string, args, dest []any)
 	if err != nil {
 		return err
 	}
-	if len(cols) < len(dest) {
-		return fmt.Errorf("direct: %d columns, %d destinations", len(cols), len(dest))
-	}
-	all := make([]any, len(cols))
-	copy(all, dest)
-	for i := len(dest); i < len(all); i++ {
-		all[i] = new(any) // a column left out
+	all, err := fill(dest, len(cols), new(any))
+	if err != nil {
+		return err
 	}
 	if err := rows.Scan(all...); err != nil {
 		return err
 	}
 	return rows.Close()
+}
+
+// fill returns dest for a row of n columns: as it is, or extended with skip (the
+// destination of a column left out) up to n. More destinations than columns is an
+// error.
+func fill(dest []any, n int, skip any) ([]any, error) {
+	if len(dest) > n {
+		return nil, fmt.Errorf("direct: %d columns, %d destinations", n, len(dest))
+	}
+	if len(dest) == n {
+		return dest, nil
+	}
+	all := make([]any, n)
+	copy(all, dest)
+	for i := len(dest); i < n; i++ {
+		all[i] = skip
+	}
+	return all, nil
 }
 
 // Exists runs query with args on conn's driver connection and reports whether it
@@ -246,16 +260,14 @@ func pgxRow(ctx context.Context, c *pgx.Conn, query string, args []any, dest []a
 		}
 		return sql.ErrNoRows
 	}
-	if n := len(rows.FieldDescriptions()); n != len(dest) {
-		if n < len(dest) {
-			return fmt.Errorf("direct: %d columns, %d destinations", n, len(dest))
+	if len(dest) > 0 { // Exists reads nothing
+		all, err := fill(dest, len(rows.FieldDescriptions()), nil) // pgx skips a nil destination
+		if err != nil {
+			return err
 		}
-		all := make([]any, n) // nil: the column is skipped
-		copy(all, dest)
-		dest = all
-	}
-	if err := rows.Scan(dest...); err != nil {
-		return err
+		if err := rows.Scan(all...); err != nil {
+			return err
+		}
 	}
 	rows.Close()
 	return rows.Err()
