@@ -33,21 +33,7 @@ func newLocker(t testing.TB, db *sql.DB, d sqllock.Dialect, opts ...advisory.Opt
 // kill ends the session holding lease from admin, as a failure would.
 func kill(t testing.TB, admin *sql.DB, d sqllock.Dialect, lease sqllock.Lease) {
 	t.Helper()
-	sid := lease.(*advisory.Lease).SessionID()
-	ctx := testdb.Context(t, 30*time.Second)
-	var err error
-	if d == sqllock.Postgres {
-		var ok bool
-		err = admin.QueryRowContext(ctx, "SELECT pg_terminate_backend($1)", sid).Scan(&ok)
-		if err == nil && !ok {
-			err = fmt.Errorf("pg_terminate_backend(%d) returned false", sid)
-		}
-	} else {
-		_, err = admin.ExecContext(ctx, fmt.Sprintf("KILL %d", sid))
-	}
-	if err != nil {
-		t.Fatalf("killing session %d: %v", sid, err)
-	}
+	testdb.Kill(testdb.Context(t, 30*time.Second), t, admin, d, lease.(*advisory.Lease).SessionID())
 }
 
 func TestLocktest(t *testing.T) {

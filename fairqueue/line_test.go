@@ -218,9 +218,7 @@ func TestMySQLLineWaiterKilled(t *testing.T) {
 	ctx := testdb.Context(t, 2*time.Minute)
 	ch := newLineChain(t, ctx, fairqueue.WithTTL(3*time.Second), fairqueue.WithPollInterval(200*time.Millisecond))
 	admin, la, gotB, gotC := ch.admin, ch.la, ch.gotB, ch.gotC
-	if _, err := admin.Exec("KILL " + strconv.FormatInt(ch.sid, 10)); err != nil {
-		t.Fatal(err)
-	}
+	testdb.Kill(ctx, t, admin, sqllock.MySQL, ch.sid)
 	// C woke: its ticket lock's holder is gone. B holds its ticket, A the lock.
 	time.Sleep(500 * time.Millisecond) // (let C look again while B's ticket is live)
 	notGranted(t, "A held the lock", gotB, gotC)

@@ -33,15 +33,7 @@ func newLocker(t testing.TB, db *sql.DB, d sqllock.Dialect, opts ...forupdate.Op
 // kill ends the session holding lease, as an operator or a failover would.
 func kill(t testing.TB, admin *sql.DB, d sqllock.Dialect, lease sqllock.Lease) {
 	t.Helper()
-	id := lease.(*forupdate.Lease).SessionID()
-	// KILL takes no placeholder on MySQL (6413).
-	q := fmt.Sprintf("KILL %d", id)
-	if d == sqllock.Postgres {
-		q = fmt.Sprintf("SELECT pg_terminate_backend(%d)", id)
-	}
-	if _, err := admin.ExecContext(testdb.Context(t, 30*time.Second), q); err != nil {
-		t.Fatalf("killing session %d: %v", id, err)
-	}
+	testdb.Kill(testdb.Context(t, 30*time.Second), t, admin, d, lease.(*forupdate.Lease).SessionID())
 }
 
 func TestLocktest(t *testing.T) {

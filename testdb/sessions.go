@@ -3,6 +3,7 @@ package testdb
 import (
 	"context"
 	"database/sql"
+	"fmt"
 	"strconv"
 	"strings"
 	"sync"
@@ -179,4 +180,26 @@ func SessionID(ctx context.Context, t testing.TB, d sqllock.Dialect, q interface
 		t.Fatalf("session id: %v", err)
 	}
 	return id
+}
+
+// Kill ends session sid from admin, as an operator or a failover would:
+// pg_terminate_backend on PostgreSQL, KILL on MySQL (which takes no placeholder,
+// 6413). The server ends the session asynchronously: wait for what the test needs
+// (a failed statement, the session gone from the processlist). It fails the test if
+// the server refuses or finds no such session (PostgreSQL).
+func Kill(ctx context.Context, t testing.TB, admin *sql.DB, d sqllock.Dialect, sid int64) {
+	t.Helper()
+	var err error
+	if d == sqllock.Postgres {
+		var ok bool
+		err = admin.QueryRowContext(ctx, "SELECT pg_terminate_backend($1)", sid).Scan(&ok)
+		if err == nil && !ok {
+			err = fmt.Errorf("pg_terminate_backend(%d) returned false", sid)
+		}
+	} else {
+		_, err = admin.ExecContext(ctx, "KILL "+strconv.FormatInt(sid, 10))
+	}
+	if err != nil {
+		t.Fatalf("killing session %d: %v", sid, err)
+	}
 }

@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"database/sql/driver"
 	"errors"
-	"fmt"
 	"os"
 	"sync/atomic"
 	"testing"
@@ -125,16 +124,11 @@ func TestKilledSession(t *testing.T) {
 		if err := direct.Row(ctx, conn, q, nil, &sid); err != nil {
 			t.Fatal(err)
 		}
-		// Gone when this returns: PostgreSQL waits for the backend to exit, and
-		// MySQL's KILL closes the session's connection before the next statement can
-		// reach it (checked in the processlist).
-		// (KILL takes no placeholder on MySQL.)
-		kill, gone := fmt.Sprintf("KILL %d", sid), "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = ?"
+		testdb.Kill(ctx, t, db, d, sid)
+		// Wait until the session is gone from the server's list of sessions.
+		gone := "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = ?"
 		if d == sqllock.Postgres {
-			kill, gone = fmt.Sprintf("SELECT pg_terminate_backend(%d, 10000)", sid), "SELECT COUNT(*) FROM pg_stat_activity WHERE pid = $1"
-		}
-		if _, err := db.ExecContext(ctx, kill); err != nil {
-			t.Fatal(err)
+			gone = "SELECT COUNT(*) FROM pg_stat_activity WHERE pid = $1"
 		}
 		for {
 			var left int64

@@ -75,13 +75,7 @@ func TestClassifyRealErrors(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer conn.Close()
-		killQ := "SELECT pg_terminate_backend(%d)"
-		if d == sqllock.MySQL {
-			killQ = "KILL %d" // KILL takes no placeholder on MySQL (6413)
-		}
-		if _, err := admin.ExecContext(ctx, fmt.Sprintf(killQ, testdb.SessionID(ctx, t, d, conn))); err != nil {
-			t.Fatal(err)
-		}
+		testdb.Kill(ctx, t, admin, d, testdb.SessionID(ctx, t, d, conn))
 		// The kill is asynchronous on the server: the next statements fail once it lands.
 		deadline := time.Now().Add(10 * time.Second)
 		for {
