@@ -519,5 +519,5 @@ func (s *Sweeper) SweepBatch(ctx context.Context, limit int) (deleted int, more 
 		}
 		return int(n), cand >= int64(limit), nil
 	}
-	return rowlease.StashingSweepMySQL(ctx, s.db, "sqllock_optimistic", "version", us, limit)
+	return rowlease.StashingSweepMySQL(ctx, s.db, "sqllock_optimistic", "version", false, us, limit)
 }

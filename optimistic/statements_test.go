@@ -24,7 +24,7 @@ func TestMySQLStatementsDrawNoWarnings(t *testing.T) {
 		"forgetMySQL":      forgetMySQL,
 		"forgetProbeMySQL": forgetProbeMySQL,
 		"checkMySQL":       checkMySQL,
-		"sweepSelectMySQL": rowlease.CandidatesSQLMySQL("sqllock_optimistic"),
+		"sweepSelectMySQL": rowlease.CandidatesSQLMySQL("sqllock_optimistic", false),
 		"sweepFenceMySQL":  stash,
 		"sweepDeleteMySQL": del,
 		"acquireLineMySQL": fmt.Sprintf(acquireLineMySQL, wait.MyEnter(wait.MyLineName("optimistic", "X'00'"), time.Second), "X'00'", "X'00'", 1000, "X'00'", 1),

@@ -26,7 +26,7 @@ func TestMySQLStatementsDrawNoWarnings(t *testing.T) {
 		"forgetProbeMySQL": forgetProbeMySQL,
 		"unholdMySQL":      unholdMySQL,
 		"checkMySQL":       checkMySQL,
-		"sweepSelectMySQL": rowlease.CandidatesSQLMySQL("sqllock_lease"),
+		"sweepSelectMySQL": rowlease.CandidatesSQLMySQL("sqllock_lease", true),
 		"sweepStashMySQL":  stash,
 		"sweepDeleteMySQL": del,
 		"acquireLineMySQL": (&Locker{b: b}).acquireText(true, []byte("k"), "n", []byte("o"), 1000, true, time.Second),

@@ -2,6 +2,7 @@ package uniqueindex
 
 import (
 	"database/sql"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -136,7 +137,7 @@ func explainDeletePrimary(t *testing.T, db *sql.DB, names []string) {
 	t.Helper()
 	for _, k := range []int{1, len(names)} {
 		_, del := rowlease.SweepStatementsMySQL("sqllock_lease", "token", k)
-		q := "EXPLAIN " + del
+		q := "EXPLAIN FORMAT=TRADITIONAL " + del
 		args := []any{int64(0)}
 		for _, n := range names[:k] {
 			args = append(args, namekey.Key(n))
@@ -152,9 +153,91 @@ func explainDeletePrimary(t *testing.T, db *sql.DB, names []string) {
 				plan[c] = v.String
 				desc = append(desc, fmt.Sprintf("%s=%s", c, v.String))
 			}
+			if _, ok := plan["type"]; !ok {
+				t.Fatalf("EXPLAIN without a type column: %s", strings.Join(desc, " "))
+			}
 			if plan["type"] == "ALL" || plan["type"] == "index" || (plan["key"] != "" && plan["key"] != "PRIMARY") {
 				t.Errorf("sweep DELETE with %d keys is not a primary key access: %s", k, strings.Join(desc, " "))
 			}
+		}
+	}
+}
+
+// TestMySQLReleaseKeepsExpiry: on MySQL a release frees the row by its hold count
+// and leaves expires_at (and so expires_min, the minute the reaper's index holds)
+// as it was, so that locking and unlocking a name does not rewrite that index entry
+// each time (migration mysql/0007). The freed row is nobody's all the same: Holder
+// and ForceRelease find no live lease, a sweep leaves it until that expiry is past
+// its grace and then deletes it, and the sweep's candidates are read through the
+// index on the minute, not by a full scan.
+func TestMySQLReleaseKeepsExpiry(t *testing.T) {
+	const d = sqllock.MySQL
+	testdb.CheckLeaks(t)
+	admin := testdb.Open(t, d)
+	ctx := testdb.Context(t, time.Minute)
+	l := newLocker(t, testdb.Open(t, d), d, WithTTL(10*time.Minute))
+	name := testdb.Name(t)
+	key := namekey.Key(name)
+	le, err := l.Acquire(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const rowQ = "SELECT holds, owner, expires_at, expires_min, TIMESTAMPDIFF(MINUTE, '1970-01-01 00:00:00', expires_at) FROM sqllock_lease WHERE lock_key = ?"
+	var holds, minute, want int64
+	var owner []byte
+	var held, freed string
+	if err := admin.QueryRowContext(ctx, rowQ, key).Scan(&holds, &owner, &held, &minute, &want); err != nil {
+		t.Fatal(err)
+	}
+	if holds != 1 || minute != want {
+		t.Fatalf("held row: holds %d, expires_min %d, want 1 and %d", holds, minute, want)
+	}
+	if err := le.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := admin.QueryRowContext(ctx, rowQ, key).Scan(&holds, &owner, &freed, &minute, &want); err != nil {
+		t.Fatal(err)
+	}
+	if holds != 0 || len(owner) != 0 || freed != held || minute != want {
+		t.Errorf("freed row: holds %d, owner %q, expires_at %s (held: %s), expires_min %d; want 0, empty, unchanged, %d",
+			holds, owner, freed, held, minute, want)
+	}
+	if h, err := l.Holder(ctx, name); !errors.Is(err, sqllock.ErrNoHolder) {
+		t.Errorf("Holder of a released name: %+v, %v, want ErrNoHolder", h, err)
+	}
+	if err := ForceRelease(ctx, admin, d, name, false); !errors.Is(err, sqllock.ErrNotHeld) {
+		t.Errorf("ForceRelease of a released name: %v, want ErrNotHeld", err)
+	}
+
+	// Sweeps with a grace of 5 minutes: the freed row's expiry (10 minutes ahead)
+	// keeps it; 6 minutes in the past, it goes. Other tests' rows are younger.
+	s, err := NewSweeper(admin, d, 5*time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := s.SweepBatch(ctx, 1000); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, _, ok := leaseRow(t, admin, d, name); !ok {
+		t.Fatal("a sweep deleted a released row whose expiry is still ahead")
+	}
+	if _, err := admin.ExecContext(ctx, "UPDATE sqllock_lease SET expires_at = UTC_TIMESTAMP(6) - INTERVAL 6 MINUTE WHERE lock_key = ?", key); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := s.SweepBatch(ctx, 1000); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, _, ok := leaseRow(t, admin, d, name); ok {
+		t.Error("a sweep kept a released row expired 6 minutes ago (grace 5)")
+	}
+
+	rows, err := admin.QueryContext(ctx, "EXPLAIN FORMAT=TRADITIONAL "+rowlease.CandidatesSQLMySQL("sqllock_lease", true), int64(0), int64(0), 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, row := range testdb.RowMaps(t, rows) {
+		if row["key"].String != "sqllock_lease_expires_min" || row["type"].String == "ALL" {
+			t.Errorf("the sweep's candidates are not read by the index on the minute of expiry: type %s key %s", row["type"].String, row["key"].String)
 		}
 	}
 }
