@@ -16,6 +16,7 @@ import (
 	"github.com/sqllock/sqllock/forupdate"
 	"github.com/sqllock/sqllock/migrations"
 	"github.com/sqllock/sqllock/optimistic"
+	"github.com/sqllock/sqllock/reaper"
 	"github.com/sqllock/sqllock/testdb"
 	"github.com/sqllock/sqllock/uniqueindex"
 )
@@ -148,6 +149,14 @@ func TestFreshSchema(t *testing.T) {
 				} else if !errors.Is(err, sqllock.ErrNotMigrated) {
 					t.Errorf("round %d: %s on an unmigrated database: %v, want an error matching ErrNotMigrated", round, s.name, err)
 				}
+			}
+			// So does the reaper.
+			r, err := reaper.New(db, d)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := r.RunOnce(ctx); !errors.Is(err, sqllock.ErrNotMigrated) {
+				t.Errorf("round %d: reaper on an unmigrated database: %v, want an error matching ErrNotMigrated", round, err)
 			}
 		}
 	})

@@ -293,7 +293,8 @@ func (r *Reaper) RunOnce(ctx context.Context) (Report, error) {
 	}
 	r.cfg.logger.Info("sqllock/reaper: swept", args...)
 	if len(errs) > 0 {
-		return rep, &sqllock.Error{Op: "reaper", Dialect: r.dialect, Err: errors.Join(errs...)}
+		// A sweeper whose table, column or index is missing matches ErrNotMigrated.
+		return rep, lease.NewError("reaper", r.dialect, "", nil, errors.Join(errs...))
 	}
 	return rep, nil
 }

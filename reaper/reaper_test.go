@@ -72,10 +72,12 @@ func TestTokensAcrossSweep(t *testing.T) {
 				t.Fatalf("round %d: token %d after %d", i, lease.Token(), last)
 			}
 			last = lease.Token()
-			// The holder "dies": its row expired an hour ago by the database clock.
-			q := "UPDATE sqllock_lease SET expires_at = acquired_at - INTERVAL 1 HOUR WHERE lock_key = ?"
+			// The holder "dies": acquired two hours ago by the database clock, its row
+			// expired an hour ago. (On MySQL the reaper finds rows by the minute of
+			// their acquisition.)
+			q := "UPDATE sqllock_lease SET expires_at = acquired_at - INTERVAL 1 HOUR, acquired_at = acquired_at - INTERVAL 2 HOUR WHERE lock_key = ?"
 			if d == sqllock.Postgres {
-				q = "UPDATE sqllock_lease SET expires_at = acquired_at - interval '1 hour' WHERE lock_key = $1"
+				q = "UPDATE sqllock_lease SET expires_at = acquired_at - interval '1 hour', acquired_at = acquired_at - interval '2 hours' WHERE lock_key = $1"
 			}
 			if _, err := admin.ExecContext(testdb.Context(t, 30*time.Second), q, namekey.Key(name)); err != nil {
 				t.Fatal(err)

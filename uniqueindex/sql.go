@@ -18,9 +18,9 @@ const channel = "sqllock_lease"
 const (
 	// acquireMySQL is one attempt on MySQL, in one statement (%[1]s: nothing, or
 	// the line's entry, see acquireLineMySQL). On MySQL a lease row is never deleted
-	// while its name is in use: a release frees it in place (holds 0, owner empty;
-	// expires_at is left as it was, see releaseMySQLFmt), so its token is the last
-	// one granted for the name and a takeover continues from it. A name without a row (first use, or swept by the reaper,
+	// while its name is in use: a release frees it in place (holds 0, owner empty,
+	// expired), so its token is the last one granted for the name and a takeover
+	// continues from it. A name without a row (first use, or swept by the reaper,
 	// which first raises the name's sqllock_fence counter to the row's token)
 	// continues from its sqllock_fence counter, read with a locking read (the latest
 	// committed value, whatever the isolation level; a sweep that moves a token there
@@ -98,20 +98,14 @@ WHERE lock_key = ? AND owner = ? AND token = ? AND expires_at > UTC_TIMESTAMP(6)
 	// marked the row waited for; it returns one row per deleted row, and a second
 	// one for a row that was waited for. On MySQL it frees the row in place (see
 	// acquireMySQL) and its insert id tells whether the line lock of the key (%[1]s:
-	// its name, wait.Line.MyName) is held by someone (1): someone waits in line. A
-	// freed row is free by holds = 0 (freeMySQL); its expires_at stays, so that the
-	// minute the reaper's index reads (expires_min, migration mysql/0007) changes at
-	// most once a minute for a name locked and unlocked in a loop (a release that
-	// moved it back would rewrite that index entry at every release and acquisition).
-	// Every read of a live lease on MySQL therefore also requires holds > 0 or the
-	// owner (emptied here), and the reaper deletes the row once that expiry is past
-	// its grace.
+	// its name, wait.Line.MyName) is held by someone (1): someone waits in line.
 	releasePostgres = `WITH d AS (DELETE FROM sqllock_lease WHERE lock_key = $1 AND owner = $2 AND token = $3 AND holds <= 1
   AND ` + rowlease.AsyncRelease + ` RETURNING lock_key, waiters)
 SELECT CASE WHEN waiters AND g = 1 THEN pg_notify('` + channel + `', encode(lock_key, 'hex'))::text END
 FROM d CROSS JOIN generate_series(1, CASE WHEN waiters THEN 2 ELSE 1 END) g`
 	// ? key (the line's), key, owner, token.
-	releaseMySQLFmt = `UPDATE sqllock_lease SET holds = 0 * LAST_INSERT_ID(IS_USED_LOCK(%[1]s) IS NOT NULL), owner = ''
+	releaseMySQLFmt = `UPDATE sqllock_lease SET holds = 0 * LAST_INSERT_ID(IS_USED_LOCK(%[1]s) IS NOT NULL), owner = '',
+  expires_at = LEAST(expires_at, UTC_TIMESTAMP(6))
 WHERE lock_key = ? AND owner = ? AND token = ? AND holds <= 1`
 
 	// releaseLineMySQL is the release on a turn's session (text: %[1]s key, %[2]s
@@ -119,7 +113,8 @@ WHERE lock_key = ? AND owner = ? AND token = ? AND holds <= 1`
 	// the assignment, so once the row is locked, before it commits (the next waiter's
 	// attempt waits for that commit); the insert id is MyRelease's value, or 0 if the
 	// lease's row was not found (its line lock is then still held).
-	releaseLineMySQL = `UPDATE sqllock_lease SET holds = 0 * LAST_INSERT_ID(%[4]s), owner = ''
+	releaseLineMySQL = `UPDATE sqllock_lease SET holds = 0 * LAST_INSERT_ID(%[4]s), owner = '',
+  expires_at = LEAST(expires_at, UTC_TIMESTAMP(6))
 WHERE lock_key = %[1]s AND owner = %[2]s AND token = %[3]d AND holds <= 1`
 
 	// forget deletes the row of an acquisition whose outcome the caller never learnt
@@ -134,7 +129,7 @@ WHERE lock_key = ? AND owner = ?`
 	// Check and Release find its row gone. Each statement changes only a live lease's
 	// row.
 	revokePostgres = `UPDATE sqllock_lease SET owner = $1 WHERE lock_key = $2 AND owner <> $1 AND expires_at > clock_timestamp()`
-	revokeMySQL    = `UPDATE sqllock_lease SET owner = ? WHERE lock_key = ? AND owner <> ? AND holds > 0 AND expires_at > UTC_TIMESTAMP(6)`
+	revokeMySQL    = `UPDATE sqllock_lease SET owner = ? WHERE lock_key = ? AND owner <> ? AND expires_at > UTC_TIMESTAMP(6)`
 	// Now, PostgreSQL deletes the row and wakes the waiters as a release does; MySQL,
 	// whose row keeps the name's last token, frees it in place as a release does.
 	revokeNowPostgres = `WITH d AS (DELETE FROM sqllock_lease WHERE lock_key = $1 AND expires_at > clock_timestamp() RETURNING lock_key)
@@ -206,7 +201,7 @@ const (
 FROM sqllock_lease WHERE lock_key = $1 AND expires_at > clock_timestamp()`
 	holderMySQL = `SELECT host, pid, token, TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', acquired_at),
   TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at)
-FROM sqllock_lease WHERE lock_key = ? AND holds > 0 AND expires_at > UTC_TIMESTAMP(6)`
+FROM sqllock_lease WHERE lock_key = ? AND expires_at > UTC_TIMESTAMP(6)`
 )
 
 // acquirePostgres is one attempt (see acquirePg); acquireLinePostgres is the same on

@@ -2,7 +2,6 @@ package uniqueindex
 
 import (
 	"database/sql"
-	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -163,72 +162,86 @@ func explainDeletePrimary(t *testing.T, db *sql.DB, names []string) {
 	}
 }
 
-// TestMySQLReleaseKeepsExpiry: on MySQL a release frees the row by its hold count
-// and leaves expires_at (and so expires_min, the minute the reaper's index holds)
-// as it was, so that locking and unlocking a name does not rewrite that index entry
-// each time (migration mysql/0007). The freed row is nobody's all the same: Holder
-// and ForceRelease find no live lease, a sweep leaves it until that expiry is past
-// its grace and then deletes it, and the sweep's candidates are read through the
-// index on the minute, not by a full scan.
-func TestMySQLReleaseKeepsExpiry(t *testing.T) {
+// TestMySQLSweepIndex: on MySQL the reaper reads its candidates through the index
+// on acquired_min, the minute of acquired_at (migration mysql/0007), which a renewal
+// or a release leaves alone (expires_at, which they move, is no longer indexed). A
+// released row is swept once its expiry (the release's time) is past the grace, a
+// live lease acquired long ago never is, and the plan uses the index.
+func TestMySQLSweepIndex(t *testing.T) {
 	const d = sqllock.MySQL
 	testdb.CheckLeaks(t)
 	admin := testdb.Open(t, d)
 	ctx := testdb.Context(t, time.Minute)
 	l := newLocker(t, testdb.Open(t, d), d, WithTTL(10*time.Minute))
-	name := testdb.Name(t)
-	key := namekey.Key(name)
-	le, err := l.Acquire(ctx, name)
+	minutes := func(name string) (acq, want int64) {
+		t.Helper()
+		if err := admin.QueryRowContext(ctx, "SELECT acquired_min, TIMESTAMPDIFF(MINUTE, '1970-01-01 00:00:00', acquired_at) FROM sqllock_lease WHERE lock_key = ?",
+			namekey.Key(name)).Scan(&acq, &want); err != nil {
+			t.Fatal(err)
+		}
+		return acq, want
+	}
+	// The 6-minute-old lease: acquired (by the clock the test sets) before any other
+	// test's, and live.
+	oldLive, freed := testdb.Name(t, "live"), testdb.Name(t, "freed")
+	live, err := l.Acquire(ctx, oldLive)
 	if err != nil {
 		t.Fatal(err)
 	}
-	const rowQ = "SELECT holds, owner, expires_at, expires_min, TIMESTAMPDIFF(MINUTE, '1970-01-01 00:00:00', expires_at) FROM sqllock_lease WHERE lock_key = ?"
-	var holds, minute, want int64
-	var owner []byte
-	var held, freed string
-	if err := admin.QueryRowContext(ctx, rowQ, key).Scan(&holds, &owner, &held, &minute, &want); err != nil {
+	defer live.Release(ctx)
+	if _, err := admin.ExecContext(ctx, "UPDATE sqllock_lease SET acquired_at = UTC_TIMESTAMP(6) - INTERVAL 6 MINUTE WHERE lock_key = ?", namekey.Key(oldLive)); err != nil {
 		t.Fatal(err)
 	}
-	if holds != 1 || minute != want {
-		t.Fatalf("held row: holds %d, expires_min %d, want 1 and %d", holds, minute, want)
+	before, _ := minutes(oldLive)
+	if err := live.(*Lease).Refresh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if acq, want := minutes(oldLive); acq != want || acq != before {
+		t.Errorf("after a renewal: acquired_min %d, want %d (the minute of acquired_at, unchanged from %d)", acq, want, before)
+	}
+
+	le, err := l.Acquire(ctx, freed)
+	if err != nil {
+		t.Fatal(err)
 	}
 	if err := le.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := admin.QueryRowContext(ctx, rowQ, key).Scan(&holds, &owner, &freed, &minute, &want); err != nil {
-		t.Fatal(err)
-	}
-	if holds != 0 || len(owner) != 0 || freed != held || minute != want {
-		t.Errorf("freed row: holds %d, owner %q, expires_at %s (held: %s), expires_min %d; want 0, empty, unchanged, %d",
-			holds, owner, freed, held, minute, want)
-	}
-	if h, err := l.Holder(ctx, name); !errors.Is(err, sqllock.ErrNoHolder) {
-		t.Errorf("Holder of a released name: %+v, %v, want ErrNoHolder", h, err)
-	}
-	if err := ForceRelease(ctx, admin, d, name, false); !errors.Is(err, sqllock.ErrNotHeld) {
-		t.Errorf("ForceRelease of a released name: %v, want ErrNotHeld", err)
+	if acq, want := minutes(freed); acq != want {
+		t.Errorf("after a release: acquired_min %d, want %d", acq, want)
 	}
 
-	// Sweeps with a grace of 5 minutes: the freed row's expiry (10 minutes ahead)
-	// keeps it; 6 minutes in the past, it goes. Other tests' rows are younger.
+	// A sweep with a grace of 5 minutes keeps both; once the released row's
+	// acquisition and expiry are 6 minutes old it goes, the live lease stays.
 	s, err := NewSweeper(admin, d, 5*time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := s.SweepBatch(ctx, 1000); err != nil {
+	sweep := func() {
+		t.Helper()
+		for more := true; more; {
+			var err error
+			if _, more, err = s.SweepBatch(ctx, 1000); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	sweep()
+	if _, _, _, ok := leaseRow(t, admin, d, freed); !ok {
+		t.Fatal("a sweep deleted a row released less than the grace ago")
+	}
+	if _, err := admin.ExecContext(ctx, "UPDATE sqllock_lease SET acquired_at = UTC_TIMESTAMP(6) - INTERVAL 7 MINUTE, expires_at = UTC_TIMESTAMP(6) - INTERVAL 6 MINUTE WHERE lock_key = ?", namekey.Key(freed)); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, _, ok := leaseRow(t, admin, d, name); !ok {
-		t.Fatal("a sweep deleted a released row whose expiry is still ahead")
+	sweep()
+	if _, _, _, ok := leaseRow(t, admin, d, freed); ok {
+		t.Error("a sweep kept a row released 6 minutes ago (grace 5)")
 	}
-	if _, err := admin.ExecContext(ctx, "UPDATE sqllock_lease SET expires_at = UTC_TIMESTAMP(6) - INTERVAL 6 MINUTE WHERE lock_key = ?", key); err != nil {
-		t.Fatal(err)
+	if _, _, expired, ok := leaseRow(t, admin, d, oldLive); !ok || expired {
+		t.Errorf("a sweep touched a live lease acquired 6 minutes ago: present %v, expired %v", ok, expired)
 	}
-	if _, _, err := s.SweepBatch(ctx, 1000); err != nil {
-		t.Fatal(err)
-	}
-	if _, _, _, ok := leaseRow(t, admin, d, name); ok {
-		t.Error("a sweep kept a released row expired 6 minutes ago (grace 5)")
+	if err := live.(*Lease).Refresh(ctx); err != nil {
+		t.Errorf("the live lease after the sweeps: %v", err)
 	}
 
 	rows, err := admin.QueryContext(ctx, "EXPLAIN FORMAT=TRADITIONAL "+rowlease.CandidatesSQLMySQL("sqllock_lease", true), int64(0), int64(0), 10)
@@ -236,8 +249,49 @@ func TestMySQLReleaseKeepsExpiry(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, row := range testdb.RowMaps(t, rows) {
-		if row["key"].String != "sqllock_lease_expires_min" || row["type"].String == "ALL" {
-			t.Errorf("the sweep's candidates are not read by the index on the minute of expiry: type %s key %s", row["type"].String, row["key"].String)
+		if row["key"].String != "sqllock_lease_acquired_min" || row["type"].String == "ALL" {
+			t.Errorf("the sweep's candidates are not read through the index on acquired_min: type %s key %s", row["type"].String, row["key"].String)
 		}
 	}
+}
+
+// TestTakeoverExpiry: a lease that takes over a row freed by a lease with a longer
+// TTL expires after its own TTL, through the full attempt and (MySQL) through the
+// UPDATE of a row the Locker was granted last: a holder that dies is replaced after
+// its TTL, not the previous holder's.
+func TestTakeoverExpiry(t *testing.T) {
+	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
+		ctx := testdb.Context(t, time.Minute)
+		long := newLocker(t, testdb.Open(t, d), d, WithTTL(10*time.Minute))
+		short := newLocker(t, testdb.Open(t, d), d, WithTTL(2*time.Second))
+		for _, takeFree := range []bool{false, true} {
+			name := testdb.Name(t, fmt.Sprint("takefree-", takeFree))
+			if takeFree { // the short Locker was granted the name last
+				le, err := short.Acquire(ctx, name)
+				if err != nil {
+					t.Fatal(err)
+				}
+				le.Release(ctx)
+			}
+			le, err := long.Acquire(ctx, name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := le.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+			le, err = short.Acquire(ctx, name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			h, err := short.Holder(ctx, name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if h.Remaining > 2*time.Second {
+				t.Errorf("takeFree %v: a lease with a 2s TTL that took over a row freed by a 10min lease expires in %v", takeFree, h.Remaining)
+			}
+			le.Release(ctx)
+		}
+	})
 }

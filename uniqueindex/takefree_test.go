@@ -75,7 +75,7 @@ func TestTakeFreeMySQL(t *testing.T) {
 	// The row expired long ago and the reaper swept it (raising the name's counter
 	// to its token first): the take-over finds no row, the full statement inserts
 	// one with a larger token.
-	if _, err := admin.ExecContext(ctx, "UPDATE sqllock_lease SET expires_at = UTC_TIMESTAMP(6) - INTERVAL 1 HOUR WHERE lock_key = ?", namekey.Key(name)); err != nil {
+	if _, err := admin.ExecContext(ctx, "UPDATE sqllock_lease SET acquired_at = UTC_TIMESTAMP(6) - INTERVAL 2 HOUR, expires_at = UTC_TIMESTAMP(6) - INTERVAL 1 HOUR WHERE lock_key = ?", namekey.Key(name)); err != nil {
 		t.Fatal(err)
 	}
 	s, err := NewSweeper(testdb.Open(t, d), d, time.Second)

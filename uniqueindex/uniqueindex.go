@@ -33,8 +33,8 @@
 //     over the lease row with the new value. Release deletes the row; the counter
 //     stays.
 //   - MySQL: a lease row is kept while its name is in use: a release frees it in
-//     place (no hold, no owner; its expiry stays, see NewSweeper), and its token is
-//     the last one granted, so the statement that takes it over writes token + 1. A name without a row (first
+//     place (no hold, no owner, expired), and its token is the last one granted, so
+//     the statement that takes it over writes token + 1. A name without a row (first
 //     use, or swept by the reaper, which first raises the name's sqllock_fence
 //     counter to the row's token) continues from that counter, read with a locking
 //     read in the same INSERT (the latest committed value, whatever the isolation
@@ -598,11 +598,8 @@ type Sweeper struct {
 }
 
 // NewSweeper returns the Sweeper of the lease table: each batch deletes rows whose
-// lease expired more than grace ago by the database clock, in short statements that
-// lock only the rows they delete (see SweepBatch). On PostgreSQL a release deletes
-// its row. On MySQL a released row stays, free, with the expiry its lease had at the
-// release (a name used again takes it over), and is deleted once that expiry is more
-// than grace ago.
+// lease expired (or, on MySQL, was released) more than grace ago by the database
+// clock, in short statements that lock only the rows they delete (see SweepBatch).
 // Tokens are unaffected: on PostgreSQL they live in sqllock_fence, which is never
 // swept; on MySQL, where a row carries its name's last token, the batch first raises
 // the name's sqllock_fence counter to it.

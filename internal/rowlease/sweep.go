@@ -27,9 +27,9 @@ import (
 // too, and deadlock with releases, renewals and takeovers). A row taken over since
 // the candidates were read is kept.
 //
-// byMinute says that table indexes the minute of expires_at (a generated column
-// expires_min, as sqllock_lease since migration mysql/0007) instead of expires_at:
-// the candidates are then read by that index, oldest minute first.
+// byMinute says that table indexes the minute of acquired_at (a generated column
+// acquired_min, as sqllock_lease since migration mysql/0007) instead of expires_at:
+// the candidates are then read through that index, earliest acquired first.
 func StashingSweepMySQL(ctx context.Context, db *sql.DB, table, tokenCol string, byMinute bool, us int64, limit int) (deleted int, more bool, err error) {
 	keys, err := candidatesMySQL(ctx, db, table, byMinute, us, limit)
 	if err != nil || len(keys) == 0 {
@@ -82,14 +82,20 @@ func SweepStatementsMySQL(table, tokenCol string, n int) (stash, del string) {
 }
 
 // candidatesSQL is the read of StashingSweepMySQL's candidates: grace µs, limit;
-// by the minute of expiry (byMinute), grace µs twice, then limit: the range of the
-// index on the minute (table_expires_min) up to the cutoff's minute, then expires_at
-// itself. The index is forced: on a small table the optimizer prefers a scan and a
+// by the minute of acquisition (byMinute), grace µs twice, then limit: the range of
+// the index on that minute (table_acquired_min) up to the cutoff's minute, which
+// holds every row expired before the cutoff (a lease expires after it was acquired),
+// then expires_at itself. A row whose expiry was set before its acquisition (the last
+// hold of a reentrant lease given back within a second, or a server clock stepped
+// back) is read once its acquisition is past the cutoff too. The range also holds the live leases acquired before the
+// cutoff: they are read and left, a cost that grows with the leases held longer than
+// the grace. The index is forced: on a small table the optimizer prefers a scan and a
 // sort, on a large one the range is what keeps a batch short.
 func candidatesSQL(table string, byMinute bool) string {
 	if byMinute {
-		return "SELECT lock_key FROM " + table + " FORCE INDEX (" + table + "_expires_min) WHERE expires_min <= TIMESTAMPDIFF(MINUTE, '1970-01-01 00:00:00', UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND)" +
-			"\n  AND expires_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND\nORDER BY expires_min LIMIT ?"
+		return "SELECT lock_key FROM " + table + " FORCE INDEX (" + table + "_acquired_min)" +
+			" WHERE acquired_min <= TIMESTAMPDIFF(MINUTE, '1970-01-01 00:00:00', UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND)" +
+			"\n  AND expires_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND\nORDER BY acquired_min LIMIT ?"
 	}
 	return "SELECT lock_key FROM " + table + " WHERE expires_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND\nORDER BY expires_at LIMIT ?"
 }

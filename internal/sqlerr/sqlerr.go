@@ -26,7 +26,7 @@ const (
 	LockTimeout          // lock wait timed out or NOWAIT refused: 55P03, 1205, 3572
 	Canceled             // statement cancelled: 57014, 1317, 3024
 	SessionLost          // the session is gone: killed, closed, cut
-	UndefinedTable       // a table or column is missing: 42P01, 42703, 1146, 1054
+	UndefinedTable       // a table, column or index is missing: 42P01, 42703, 1146, 1054, 1176
 )
 
 // Classify returns the class of err.
@@ -67,7 +67,7 @@ func Classify(err error) Class {
 			return LockTimeout
 		case 1317, 3024:
 			return Canceled
-		case 1146, 1054:
+		case 1146, 1054, 1176: // 1176: FORCE INDEX of an index a migration adds
 			return UndefinedTable
 		case 1927, 2006, 2013, 1053, 4031:
 			// connection killed, server gone, lost connection, shutdown, idle timeout

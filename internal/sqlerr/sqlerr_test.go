@@ -45,6 +45,11 @@ func TestClassifyRealErrors(t *testing.T) {
 		_, err = db.ExecContext(ctx, "SELECT no_such_column FROM "+table)
 		want(t, "missing column", err, sqlerr.UndefinedTable, false)
 
+		if d == sqllock.MySQL { // an index a migration adds, named by FORCE INDEX
+			_, err = db.ExecContext(ctx, "SELECT id FROM "+table+" FORCE INDEX (no_such_index)")
+			want(t, "missing index", err, sqlerr.UndefinedTable, false)
+		}
+
 		// A row lock held by one transaction, refused to another with NOWAIT.
 		tx, err := db.BeginTx(ctx, nil)
 		if err != nil {
