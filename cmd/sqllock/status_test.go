@@ -37,7 +37,9 @@ func TestStatusEveryStrategy(t *testing.T) {
 		}
 		// Long enough for the whole test: a MySQL forupdate lease whose transaction
 		// stays idle for the TTL is ended by the server (README, Known limitations).
-		ttl := 30 * time.Second
+		// Long enough for a slow status run: a MySQL forupdate holder whose
+		// transaction runs nothing ends after its TTL less the margin, by design.
+		ttl := 2 * time.Minute
 		strategies := []strategy{
 			{"uniqueindex", false, true, func() (closer, error) { return uniqueindex.New(testdb.Open(t, d), d, uniqueindex.WithTTL(ttl)) }},
 			{"optimistic", false, true, func() (closer, error) { return optimistic.New(testdb.Open(t, d), d, optimistic.WithTTL(ttl)) }},
@@ -85,6 +87,9 @@ func TestStatusEveryStrategy(t *testing.T) {
 				}
 			}()
 		}
+		// The waiters stop before the holders release (deferred above), however the
+		// test ends.
+		defer func() { stopWaiters(); wg.Wait() }()
 		var (
 			locks    []Lock
 			problems []string
@@ -145,7 +150,6 @@ func TestStatusEveryStrategy(t *testing.T) {
 			}
 		}
 		// The table lists the same.
-		defer func() { stopWaiters(); wg.Wait() }() // before the holders release
 		table, err := runCLI(t, "-dsn", dsn, "status", "-name", names["advisory"])
 		if err != nil {
 			t.Fatal(err)
