@@ -104,3 +104,22 @@ func RowMaps(t testing.TB, rows *sql.Rows) []map[string]sql.NullString {
 	}
 	return out
 }
+
+// ExplainMySQL returns MySQL's plan of query with args, one map per row (lower-case
+// column names: "type", "key", ...), in the traditional table form: MySQL 9 prints a
+// tree by default (explain_format=TREE), one column that no check of a plan's
+// columns would read. It fails the test if the plan has no type column.
+func ExplainMySQL(ctx context.Context, t testing.TB, db *sql.DB, query string, args ...any) []map[string]sql.NullString {
+	t.Helper()
+	rows, err := db.QueryContext(ctx, "EXPLAIN FORMAT=TRADITIONAL "+query, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	plan := RowMaps(t, rows)
+	for _, row := range plan {
+		if _, ok := row["type"]; !ok {
+			t.Fatalf("EXPLAIN of %q without a type column: %v", query, row)
+		}
+	}
+	return plan
+}

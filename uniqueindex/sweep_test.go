@@ -136,24 +136,16 @@ func explainDeletePrimary(t *testing.T, db *sql.DB, names []string) {
 	t.Helper()
 	for _, k := range []int{1, len(names)} {
 		_, del := rowlease.SweepStatementsMySQL("sqllock_lease", "token", k)
-		q := "EXPLAIN FORMAT=TRADITIONAL " + del
 		args := []any{int64(0)}
 		for _, n := range names[:k] {
 			args = append(args, namekey.Key(n))
 		}
-		rows, err := db.QueryContext(testdb.Context(t, 30*time.Second), q, args...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, row := range testdb.RowMaps(t, rows) {
+		for _, row := range testdb.ExplainMySQL(testdb.Context(t, 30*time.Second), t, db, del, args...) {
 			plan := map[string]string{}
 			var desc []string
 			for c, v := range row {
 				plan[c] = v.String
 				desc = append(desc, fmt.Sprintf("%s=%s", c, v.String))
-			}
-			if _, ok := plan["type"]; !ok {
-				t.Fatalf("EXPLAIN without a type column: %s", strings.Join(desc, " "))
 			}
 			if plan["type"] == "ALL" || plan["type"] == "index" || (plan["key"] != "" && plan["key"] != "PRIMARY") {
 				t.Errorf("sweep DELETE with %d keys is not a primary key access: %s", k, strings.Join(desc, " "))
@@ -181,8 +173,8 @@ func TestMySQLSweepIndex(t *testing.T) {
 		}
 		return acq, want
 	}
-	// The 6-minute-old lease: acquired (by the clock the test sets) before any other
-	// test's, and live.
+	// A live lease acquired 6 minutes ago (the test moves acquired_at back), and a
+	// released one.
 	oldLive, freed := testdb.Name(t, "live"), testdb.Name(t, "freed")
 	live, err := l.Acquire(ctx, oldLive)
 	if err != nil {
@@ -244,11 +236,7 @@ func TestMySQLSweepIndex(t *testing.T) {
 		t.Errorf("the live lease after the sweeps: %v", err)
 	}
 
-	rows, err := admin.QueryContext(ctx, "EXPLAIN FORMAT=TRADITIONAL "+rowlease.CandidatesSQLMySQL("sqllock_lease", true), int64(0), int64(0), 10)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, row := range testdb.RowMaps(t, rows) {
+	for _, row := range testdb.ExplainMySQL(ctx, t, admin, rowlease.CandidatesSQLMySQL("sqllock_lease", true), int64(0), int64(0), 10) {
 		if row["key"].String != "sqllock_lease_acquired_min" || row["type"].String == "ALL" {
 			t.Errorf("the sweep's candidates are not read through the index on acquired_min: type %s key %s", row["type"].String, row["key"].String)
 		}
