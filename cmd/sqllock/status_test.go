@@ -35,10 +35,9 @@ func TestStatusEveryStrategy(t *testing.T) {
 			line bool
 			newL func() (closer, error)
 		}
-		// Long enough for the whole test: a MySQL forupdate lease whose transaction
-		// stays idle for the TTL is ended by the server (README, Known limitations).
-		// Long enough for a slow status run: a MySQL forupdate holder whose
-		// transaction runs nothing ends after its TTL less the margin, by design.
+		// Long enough for the whole test, even with a status run slowed by a large
+		// database: a MySQL forupdate lease whose transaction stays idle ends after
+		// its TTL less the margin (README, Known limitations).
 		ttl := 2 * time.Minute
 		strategies := []strategy{
 			{"uniqueindex", false, true, func() (closer, error) { return uniqueindex.New(testdb.Open(t, d), d, uniqueindex.WithTTL(ttl)) }},

@@ -85,12 +85,13 @@ func SweepStatementsMySQL(table, tokenCol string, n int) (stash, del string) {
 // by the minute of acquisition (byMinute), grace µs twice, then limit: the range of
 // the index on that minute (table_acquired_min) up to the cutoff's minute, which
 // holds every row expired before the cutoff (a lease expires after it was acquired),
-// then expires_at itself. A row whose expiry was set before its acquisition (the last
-// hold of a reentrant lease given back within a second, or a server clock stepped
-// back) is read once its acquisition is past the cutoff too. The range also holds the live leases acquired before the
-// cutoff: they are read and left, a cost that grows with the leases held longer than
-// the grace. The index is forced: on a small table the optimizer prefers a scan and a
-// sort, on a large one the range is what keeps a batch short.
+// then expires_at itself. A row whose expiry was set before its acquisition (the
+// last hold of a reentrant lease given back within a second, or a server clock
+// stepped back) is read once its acquisition is past the cutoff too. The range also
+// holds the live leases acquired before the cutoff: they are read and left, a cost
+// that grows with the leases held longer than the grace. The index is forced: on a
+// small table the optimizer prefers a scan and a sort, on a large one the range is
+// what keeps a batch short.
 func candidatesSQL(table string, byMinute bool) string {
 	if byMinute {
 		return "SELECT lock_key FROM " + table + " FORCE INDEX (" + table + "_acquired_min)" +

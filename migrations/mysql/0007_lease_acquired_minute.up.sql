@@ -2,10 +2,11 @@
 -- acquired_at (whole minutes since 1970-01-01 00:00:00 UTC, a stored generated
 -- column), instead of an index on expires_at. Every acquisition, renewal and release
 -- moves expires_at: its index entry was rewritten at each of them, every writer on
--- the index's rightmost page, which cost uniqueindex about a fifth of its throughput
--- with 8 clients on names of their own. acquired_at changes only when a lease is
--- granted, and its minute at most once a minute per name, so InnoDB leaves the index
--- alone otherwise. A lease expires after it was acquired, so every row expired before
+-- the index's rightmost page (measured: uniqueindex's take-over and release
+-- statements alone, 8 clients on names of their own, MySQL 9.7, ran at 0.57x raw
+-- INSERT/DELETE with that index and 0.68x without). acquired_at changes only when a
+-- lease is granted, and its minute at most once a minute per name, so InnoDB leaves
+-- the index alone otherwise. A lease expires after it was acquired, so every row expired before
 -- a cutoff is in the index's range up to the cutoff's minute.
 --
 -- The ALTER TABLE copies sqllock_lease (a stored column) and blocks the table's
