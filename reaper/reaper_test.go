@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -322,5 +323,31 @@ func TestConflictsRetried(t *testing.T) {
 	rep, err = run(t, f, g)
 	if !errors.Is(err, boom) || f.calls != 1 || g.calls != 1 || rep.Deleted["fake"] != 3 {
 		t.Errorf("other error: %+v, %d and %d calls, %v; want boom returned after the next sweeper ran", rep, f.calls, g.calls, err)
+	}
+}
+
+// TestReaperWithout0007 (MySQL): on a database whose schema predates migration
+// mysql/0007 (the index on acquired_min the lease sweep reads through), the reaper
+// fails with an error matching sqllock.ErrNotMigrated, as the README's Upgrading
+// section says; with the index it sweeps.
+func TestReaperWithout0007(t *testing.T) {
+	const d = sqllock.MySQL
+	ctx := testdb.Context(t, time.Minute)
+	db := testdb.OpenIsolatedMigrated(ctx, t, d)
+	r, err := New(db, d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.RunOnce(ctx); err != nil {
+		t.Fatalf("reaper on a migrated database: %v", err)
+	}
+	// 0007's down migration, by hand: the schema of version 6.
+	if _, err := db.ExecContext(ctx, `ALTER TABLE sqllock_lease ADD KEY sqllock_lease_expires_at (expires_at),
+  DROP KEY sqllock_lease_acquired_min, DROP COLUMN acquired_min`); err != nil {
+		t.Fatal(err)
+	}
+	_, err = r.RunOnce(ctx)
+	if !errors.Is(err, sqllock.ErrNotMigrated) || !strings.Contains(err.Error(), "sqllock_lease_acquired_min") {
+		t.Fatalf("reaper without 0007's index: %v, want an error matching ErrNotMigrated that names the index", err)
 	}
 }
