@@ -26,6 +26,7 @@ import (
 	"os/signal"
 	"regexp"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"time"
@@ -64,6 +65,7 @@ func main() {
 	flag.DurationVar(&rawPoll, "poll", rawPoll, "retry interval of the hand-written polling cells (raw uniqueindex, raw optimistic)")
 	flag.StringVar(&cells, "cells", "", "regexp: run only the cells whose name matches (the floor and raw cells are needed for ratios)")
 	flag.StringVar(&c.jsonPath, "json", "", "also write the results as JSON to this file")
+	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file (go tool pprof)")
 	flag.Parse()
 	if c.pgDSN == "" && c.myDSN == "" {
 		fmt.Fprintln(os.Stderr, "bench: give -postgres, -mysql or both")
@@ -76,6 +78,17 @@ func main() {
 	var err error
 	if c.cells, err = regexp.Compile(cells); err != nil {
 		fatal(err)
+	}
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			fatal(err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fatal(err)
+		}
+		defer f.Close()
+		defer pprof.StopCPUProfile()
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
@@ -259,13 +272,19 @@ func pairedRatios(ctx context.Context, t *target, cl cell, cells []cell, m metri
 	if j := find(cl.peer); cl.peer != "" && j >= 0 {
 		cs = append(cs, cells[j])
 	}
-	rates, err := paired(ctx, t, cs, name, dur)
+	run, err := paired(ctx, t, cs, name, dur)
 	if err != nil {
 		return err
 	}
-	m[mXRawPaired] = rates[0] / rates[1]
-	if len(rates) > 2 {
-		m[mXPeerPaired] = rates[0] / rates[2]
+	m[mXRawPaired] = run.rates[0] / run.rates[1]
+	if lo, hi, ok := run.interval(0, 1); ok {
+		m[mXRawLo], m[mXRawHi] = lo, hi
+	}
+	if len(run.rates) > 2 {
+		m[mXPeerPaired] = run.rates[0] / run.rates[2]
+		if lo, hi, ok := run.interval(0, 2); ok {
+			m[mXPeerLo], m[mXPeerHi] = lo, hi
+		}
 	}
 	return nil
 }
@@ -481,7 +500,7 @@ func writeMarkdown(w io.Writer, rep report) {
 			fmt.Fprintf(w, "| %s |", c.Name)
 			for _, col := range cols {
 				if v, ok := c.Median[col.key]; ok {
-					fmt.Fprintf(w, " %s |", col.f(v))
+					fmt.Fprintf(w, " %s%s |", col.f(v), c.Median.interval(col.key))
 				} else {
 					fmt.Fprint(w, " - |")
 				}
@@ -503,6 +522,9 @@ is compared with raw INSERT/DELETE); *x floor*: over the floor, two SELECT 1 rou
 client of the cell and one of the raw cell (and of the peer) take turns of 100 ms, for
 the phase time each: both see the same moments of the machine, so these ratios vary
 less between rounds than those of phases run apart.
+In brackets after a paired ratio: its 90 % bootstrap interval over the run's cycles of
+turns (medians over rounds, like the ratio): how much the machine's noise within a run
+moves it; a target inside the interval is neither met nor missed by that run.
 *stmts/acq*: round trips per acquisition counted on the wire, keep-alives and listeners
 included (MySQL commands without a reply, such as COM_STMT_CLOSE, are in the JSON as
 oneway). *1 client acq/s*: one client holding its own name for the hold time each time.
@@ -519,8 +541,27 @@ release also notifies, and its *x raw* columns are what a NOTIFY per release cos
 }
 
 func fInt(v float64) string { return fmt.Sprintf("%.0f", v) }
-func fX(v float64) string   { return fmt.Sprintf("%.2fx", v) }
-func fF2(v float64) string  { return fmt.Sprintf("%.2f", v) }
+
+// interval returns " [lo-hi]", the bootstrap interval recorded for the paired ratio
+// key, or "" for other keys and ratios without one.
+func (m metrics) interval(key string) string {
+	lo, hi := mXRawLo, mXRawHi
+	switch key {
+	case mXRawPaired:
+	case mXPeerPaired:
+		lo, hi = mXPeerLo, mXPeerHi
+	default:
+		return ""
+	}
+	l, okl := m[lo]
+	h, okh := m[hi]
+	if !okl || !okh {
+		return ""
+	}
+	return fmt.Sprintf(" [%.2f-%.2f]", l, h)
+}
+func fX(v float64) string  { return fmt.Sprintf("%.2fx", v) }
+func fF2(v float64) string { return fmt.Sprintf("%.2f", v) }
 
 // fUs formats microseconds.
 func fUs(v float64) string {

@@ -8,6 +8,7 @@ import (
 	"database/sql"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"os"
 	"slices"
 	"sync"
@@ -198,12 +199,12 @@ const maxPeerErrors = 20
 // paired runs one client of each of cs (a cell, then the cells it is compared with)
 // in turns of pairSlice, each on a name of its own (name + "/p" + its index), until
 // each ran for about dur, and returns each one's Acquire+Release pairs per second over
-// its own turns. The cells of a paired run share every moment of the machine's drift
+// its own turns, with the cycles of turns (for pairedRun.interval). The cells of a paired run share every moment of the machine's drift
 // (on the shared 2-core machines here, two runs of one cell a minute apart differed by
 // up to 16 %), so their ratio is steadier than that of phases run apart. A failed
 // pair of a peer's client (up to maxPeerErrors) is reported on stderr and left out,
 // with its time; any other failure ends the run.
-func paired(ctx context.Context, t *target, cs []cell, name string, dur time.Duration) ([]float64, error) {
+func paired(ctx context.Context, t *target, cs []cell, name string, dur time.Duration) (pairedRun, error) {
 	// A cell that hangs is reported, not waited for.
 	ctx, cancel := context.WithTimeout(ctx, time.Duration(len(cs))*dur+time.Minute)
 	defer cancel()
@@ -212,13 +213,13 @@ func paired(ctx context.Context, t *target, cs []cell, name string, dur time.Dur
 	for i := range cs {
 		names[i] = fmt.Sprintf("%s/p%d", name, i)
 		if err := ensureRow(ctx, t.setup, t.d, names[i]); err != nil {
-			return nil, err
+			return pairedRun{}, err
 		}
 	}
 	clients, closeAll, err := openClients(ctx, t, cs, names, &wc)
 	defer closeAll()
 	if err != nil {
-		return nil, err
+		return pairedRun{}, err
 	}
 	pair := func(i int) error {
 		unlock, err := clients[i].lock(ctx, names[i])
@@ -233,7 +234,9 @@ func paired(ctx context.Context, t *target, cs []cell, name string, dur time.Dur
 	n := make([]int64, len(cs))
 	spent := make([]time.Duration, len(cs))
 	errs := make([]int, len(cs))
+	var run pairedRun
 	for spent[len(cs)-1] < dur {
+		cy := turns{n: make([]int64, len(cs)), spent: make([]time.Duration, len(cs))}
 		for i := range cs {
 			start := time.Now()
 			var lost time.Duration // in failed pairs of a peer
@@ -243,7 +246,7 @@ func paired(ctx context.Context, t *target, cs []cell, name string, dur time.Dur
 					// A peer's failure (pglock's heartbeat losing a lock under load) is
 					// its own: counted, its time left out, unless it fails often.
 					if !cs[i].isPeer || errs[i] >= maxPeerErrors || ctx.Err() != nil {
-						return nil, err
+						return pairedRun{}, err
 					}
 					if errs[i] == 0 {
 						fmt.Fprintf(os.Stderr, "bench: paired: tolerating errors of peer %s: first: %v\n", cs[i].name, err)
@@ -253,20 +256,66 @@ func paired(ctx context.Context, t *target, cs []cell, name string, dur time.Dur
 					continue
 				}
 				n[i]++
+				cy.n[i]++
 			}
-			spent[i] += time.Since(start) - lost
+			cy.spent[i] = time.Since(start) - lost
+			spent[i] += cy.spent[i]
 		}
+		run.cycles = append(run.cycles, cy)
 	}
 	for i, e := range errs {
 		if e > 0 {
 			fmt.Fprintf(os.Stderr, "bench: paired: peer %s: %d failed pairs left out (%d counted)\n", cs[i].name, e, n[i])
 		}
 	}
-	rates := make([]float64, len(cs))
+	run.rates = make([]float64, len(cs))
 	for i := range cs {
-		rates[i] = float64(n[i]) / spent[i].Seconds()
+		run.rates[i] = float64(n[i]) / spent[i].Seconds()
 	}
-	return rates, nil
+	return run, nil
+}
+
+// pairedRun is the outcome of paired: each cell's pairs per second over the run, and
+// the cycles (one turn of every cell) it was made of.
+type pairedRun struct {
+	rates  []float64
+	cycles []turns
+}
+
+// turns are the pairs each cell completed in one cycle, and the time each took.
+type turns struct {
+	n     []int64
+	spent []time.Duration
+}
+
+// interval returns a 90 % bootstrap interval of the ratio of cell a's rate to cell
+// b's: the cycles are resampled with replacement (2,000 times, a fixed seed, so a
+// run's JSON can be recomputed) and the ratio of the sums taken each time. It
+// reflects the machine's noise within the run (the cells' turns are paired), not
+// between runs.
+func (r pairedRun) interval(a, b int) (lo, hi float64, ok bool) {
+	if len(r.cycles) < 5 {
+		return 0, 0, false
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	ratios := make([]float64, 0, 2000)
+	for range 2000 {
+		var na, nb int64
+		var sa, sb time.Duration
+		for range r.cycles {
+			c := r.cycles[rng.IntN(len(r.cycles))]
+			na, nb, sa, sb = na+c.n[a], nb+c.n[b], sa+c.spent[a], sb+c.spent[b]
+		}
+		if nb == 0 || sa == 0 {
+			continue
+		}
+		ratios = append(ratios, (float64(na)/sa.Seconds())/(float64(nb)/sb.Seconds()))
+	}
+	if len(ratios) < 1000 {
+		return 0, 0, false
+	}
+	slices.Sort(ratios)
+	return ratios[len(ratios)*5/100], ratios[len(ratios)*95/100], true
 }
 
 // percentile returns the p-th quantile (0..1) of ds by nearest rank, sorting ds.
@@ -287,8 +336,12 @@ const (
 	mXRaw        = "uncontended_x_raw"
 	mXFloor      = "uncontended_x_floor"
 	mXPeer       = "uncontended_x_peer"
-	mXRawPaired  = "paired_x_raw"  // uncontended, in turns with the raw cell (paired)
-	mXPeerPaired = "paired_x_peer" // uncontended, in turns with the peer cell (paired)
+	mXRawPaired  = "paired_x_raw"    // uncontended, in turns with the raw cell (paired)
+	mXPeerPaired = "paired_x_peer"   // uncontended, in turns with the peer cell (paired)
+	mXRawLo      = "paired_x_raw_p5" // the 90 % bootstrap interval of paired_x_raw (pairedRun.interval)
+	mXRawHi      = "paired_x_raw_p95"
+	mXPeerLo     = "paired_x_peer_p5" // and of paired_x_peer
+	mXPeerHi     = "paired_x_peer_p95"
 	mC1          = "contended1_acq_per_s"
 	mCN          = "contended_acq_per_s"
 	mCNXRaw      = "contended_x_raw"
