@@ -66,6 +66,9 @@ func cellsFor(d sqllock.Dialect) []cell {
 		{name: "raw advisory", open: openRawAdvisory},
 		{name: "raw forupdate", open: openRawForUpdate},
 		{name: "raw optimistic", open: openRawOptimistic},
+		// raw forupdate that also draws a fencing token by hand: what a token that
+		// commits with the work costs over raw forupdate (its x raw columns).
+		{name: "raw forupdate token", raw: "raw forupdate", open: openRawForUpdateToken},
 		// raw uniqueindex whose every release also sends a NOTIFY (PostgreSQL): what
 		// notifying on each release would cost, beside the same statements without.
 		{name: "raw uniqueindex NOTIFY", raw: "raw uniqueindex", open: openRawInsertNotify, pgOnly: true},
@@ -381,6 +384,50 @@ func openRawForUpdate(ctx context.Context, db *sql.DB, d sqllock.Dialect) (clien
 			}
 			var v int64
 			if err := tx.StmtContext(ctx, sts[0]).QueryRowContext(ctx, name).Scan(&v); err != nil {
+				tx.Rollback()
+				return nil, err
+			}
+			return func(context.Context) error { return tx.Commit() }, nil
+		},
+		closeFn: closeStmts(sts),
+	}, nil
+}
+
+// openRawForUpdateToken: the hand-written row lock with a fencing token, in a
+// transaction: an UPDATE that waits for the row lock as SELECT ... FOR UPDATE does
+// and increments the row's version, the token (returned; on MySQL as the insert id,
+// LAST_INSERT_ID(expr)), COMMIT to release. Three statements, as forupdate's; unlike
+// forupdate's token, this one is rolled back with a holder that dies, so the next
+// holder may get the same number.
+func openRawForUpdateToken(ctx context.Context, db *sql.DB, d sqllock.Dialect) (client, error) {
+	q := `UPDATE bench_raw_row SET version = version + 1 WHERE name = $1 RETURNING version`
+	if d == sqllock.MySQL {
+		q = `UPDATE bench_raw_row SET version = LAST_INSERT_ID(version + 1) WHERE name = $1`
+	}
+	sts, err := stmts(ctx, db, nil, d, q)
+	if err != nil {
+		return nil, err
+	}
+	return funcClient{
+		lockFn: func(ctx context.Context, name string) (func(context.Context) error, error) {
+			tx, err := db.BeginTx(ctx, nil)
+			if err != nil {
+				return nil, err
+			}
+			st := tx.StmtContext(ctx, sts[0])
+			var tok int64
+			if d == sqllock.Postgres {
+				err = st.QueryRowContext(ctx, name).Scan(&tok)
+			} else {
+				var res sql.Result
+				if res, err = st.ExecContext(ctx, name); err == nil {
+					tok, err = res.LastInsertId()
+				}
+			}
+			if err == nil && tok <= 0 {
+				err = fmt.Errorf("raw forupdate token: token %d for %q", tok, name)
+			}
+			if err != nil {
 				tx.Rollback()
 				return nil, err
 			}

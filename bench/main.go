@@ -232,7 +232,7 @@ func runDialect(ctx context.Context, c config, t *target) (dialectReport, error)
 				}
 				p.f(res)
 			}
-			if cl.raw != "" && !strings.HasPrefix(cl.name, "raw ") && !cl.isPeer && c.dur > 0 && m[mErrors] == 0 {
+			if cl.raw != "" && !cl.isPeer && c.dur > 0 && m[mErrors] == 0 {
 				if err := pairedRatios(ctx, t, cl, cells, m, fmt.Sprintf("bench/%s/paired/r%d/%d", cl.name, r, time.Now().UnixNano()), c.dur); err != nil {
 					if ctx.Err() != nil {
 						return dialectReport{}, ctx.Err()
