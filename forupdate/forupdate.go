@@ -158,6 +158,25 @@ type Locker struct {
 	queued atomic.Int64 // Lock calls waiting in the process for a waiter slot
 	inDB   atomic.Int64 // statements that may wait for a lock, under way
 	flavor atomic.Int32 // MySQL server flavour (flavor*), asked once
+	// skipNowait counts the coming MySQL 8 acquisitions with a token and a deadline
+	// that go straight to the bounded wait, without first trying to take the lock at
+	// once (see lockRow): set when such a try found the lock held.
+	skipNowait atomic.Int32
+}
+
+// skipNowaitAfterBusy is how many acquisitions skip the try at once after one found
+// the lock held: under steady contention the try costs one statement in
+// skipNowaitAfterBusy+1 acquisitions.
+const skipNowaitAfterBusy = 16
+
+// nowaitFirst reports whether a MySQL 8 acquisition with a token and a deadline should
+// first try to take the lock at once (skipNowait).
+func (l *Locker) nowaitFirst() bool {
+	if l.skipNowait.Load() > 0 {
+		l.skipNowait.Add(-1)
+		return false
+	}
+	return true
 }
 
 var _ sqllock.Locker = (*Locker)(nil)
@@ -248,7 +267,8 @@ func (l *Locker) TryAcquire(ctx context.Context, name string, opts ...sqllock.Ac
 // a server-side bound of the wait (PostgreSQL: lock_timeout; MariaDB: a
 // statement-scoped innodb_lock_wait_timeout, rounded up to whole seconds; MySQL 8 and
 // later: MAX_EXECUTION_TIME of a SELECT, which then costs a second statement to draw
-// the token). When ctx
+// the token if the lock was held; a free lock is taken and its token drawn in one
+// statement that does not wait). When ctx
 // ends first, the wait is interrupted without taking a pooled connection if none is
 // free: on PostgreSQL with pgx by out-of-band cancel requests; otherwise by KILL QUERY
 // (pg_cancel_backend) from a connection that is free at once, or else by closing the
@@ -624,7 +644,7 @@ func (l *Locker) pgScan(row *sql.Row, key *[]byte, since *time.Time, drawn *sql.
 
 // lockRow takes the row lock of key in tx and, unless WithoutToken, draws the new
 // token and stores it in the row, in one statement (on MySQL 8 and later with a ctx
-// deadline, two: see below). It returns errNoRow if the row does not exist, in
+// deadline, up to three: see below). It returns errNoRow if the row does not exist, in
 // modeTry a LockTimeout-class error when the row is locked, and ctx's error when ctx
 // ended. dirty reports that the session must be discarded (see watched). granted is
 // called as soon as the row lock is held.
@@ -679,7 +699,25 @@ func (l *Locker) lockRow(ctx context.Context, tx *sql.Tx, target waitTarget, key
 			// MySQL 8 and later bound only a SELECT's wait (MAX_EXECUTION_TIME), and
 			// only an INSERT or REPLACE draws an AUTO_INCREMENT value: wait in the
 			// bounded locking read, then draw, the lock held, with the statement of
-			// TryLock (one more statement).
+			// TryLock (one more statement). A free lock needs no wait: the statement
+			// of TryLock is tried first, which takes it and draws in one statement,
+			// unless a recent try found the lock held (nowaitFirst); a held lock
+			// fails it at once (3572), and the bounded wait follows in the same
+			// transaction.
+			if l.nowaitFirst() {
+				dirty, err = l.watched(ctx, target, false, func(qctx context.Context) error {
+					var err error
+					g.token, _, err = myRun(qctx, tx, myLocking(true, target.marker, key, true), true)
+					return err
+				})
+				if !sqlerr.Is(err, sqlerr.LockTimeout) || dirty {
+					g.at = l.boundStart(sent)
+					return g, dirty, l.locked(ctx, err, dirty, granted)
+				}
+				l.skipNowait.Store(skipNowaitAfterBusy)
+				// The bound of the wait, from now.
+				bounded, _ = serverWaitBound(target.flavor, time.Until(deadline), myLocking(false, target.marker, key, false))
+			}
 			stmt, draw, drawAfter = bounded, false, true
 		}
 	}
