@@ -372,25 +372,11 @@ func openRawAdvisory(ctx context.Context, db *sql.DB, d sqllock.Dialect) (client
 // openRawForUpdate: BEGIN; SELECT ... FOR UPDATE of the name's row; COMMIT to
 // release.
 func openRawForUpdate(ctx context.Context, db *sql.DB, d sqllock.Dialect) (client, error) {
-	sts, err := stmts(ctx, db, nil, d, `SELECT version FROM bench_raw_row WHERE name = $1 FOR UPDATE`)
-	if err != nil {
-		return nil, err
-	}
-	return funcClient{
-		lockFn: func(ctx context.Context, name string) (func(context.Context) error, error) {
-			tx, err := db.BeginTx(ctx, nil)
-			if err != nil {
-				return nil, err
-			}
+	return rawTxClient(ctx, db, d, `SELECT version FROM bench_raw_row WHERE name = $1 FOR UPDATE`,
+		func(ctx context.Context, st *sql.Stmt, name string) error {
 			var v int64
-			if err := tx.StmtContext(ctx, sts[0]).QueryRowContext(ctx, name).Scan(&v); err != nil {
-				tx.Rollback()
-				return nil, err
-			}
-			return func(context.Context) error { return tx.Commit() }, nil
-		},
-		closeFn: closeStmts(sts),
-	}, nil
+			return st.QueryRowContext(ctx, name).Scan(&v)
+		})
 }
 
 // openRawForUpdateToken: the hand-written row lock with a fencing token, in a
@@ -404,6 +390,28 @@ func openRawForUpdateToken(ctx context.Context, db *sql.DB, d sqllock.Dialect) (
 	if d == sqllock.MySQL {
 		q = `UPDATE bench_raw_row SET version = LAST_INSERT_ID(version + 1) WHERE name = $1`
 	}
+	return rawTxClient(ctx, db, d, q, func(ctx context.Context, st *sql.Stmt, name string) error {
+		var tok int64
+		var err error
+		if d == sqllock.Postgres {
+			err = st.QueryRowContext(ctx, name).Scan(&tok)
+		} else {
+			var res sql.Result
+			if res, err = st.ExecContext(ctx, name); err == nil {
+				tok, err = res.LastInsertId()
+			}
+		}
+		if err == nil && tok <= 0 {
+			err = fmt.Errorf("raw forupdate token: token %d for %q", tok, name)
+		}
+		return err
+	})
+}
+
+// rawTxClient is a hand-written row lock held by a transaction: BEGIN, lock (the
+// statement q, prepared once, run in the transaction), COMMIT to release.
+func rawTxClient(ctx context.Context, db *sql.DB, d sqllock.Dialect, q string,
+	lock func(ctx context.Context, st *sql.Stmt, name string) error) (client, error) {
 	sts, err := stmts(ctx, db, nil, d, q)
 	if err != nil {
 		return nil, err
@@ -414,20 +422,7 @@ func openRawForUpdateToken(ctx context.Context, db *sql.DB, d sqllock.Dialect) (
 			if err != nil {
 				return nil, err
 			}
-			st := tx.StmtContext(ctx, sts[0])
-			var tok int64
-			if d == sqllock.Postgres {
-				err = st.QueryRowContext(ctx, name).Scan(&tok)
-			} else {
-				var res sql.Result
-				if res, err = st.ExecContext(ctx, name); err == nil {
-					tok, err = res.LastInsertId()
-				}
-			}
-			if err == nil && tok <= 0 {
-				err = fmt.Errorf("raw forupdate token: token %d for %q", tok, name)
-			}
-			if err != nil {
+			if err := lock(ctx, tx.StmtContext(ctx, sts[0]), name); err != nil {
 				tx.Rollback()
 				return nil, err
 			}
