@@ -114,13 +114,15 @@
 // you bound any transaction.
 //
 // An acquisition costs three statements, contended or not, with a token or
-// WithoutToken: BEGIN, the locking statement, and COMMIT at release, as many as a
+// WithoutToken (on MySQL 8 and later, see below for a token with a ctx deadline):
+// BEGIN, the locking statement, and COMMIT at release, as many as a
 // hand-written SELECT ... FOR UPDATE transaction. With a token the locking statement
 // draws it too: on PostgreSQL an UPDATE of the row over the locking read (WITH ...
 // SELECT ... FOR UPDATE), whose token is computed on the row the locking read
 // returns, so once the lock is held; on MySQL a REPLACE of the row by a copy whose
 // name a SELECT ... FOR UPDATE subquery reads, which takes the lock before the insert
-// draws the AUTO_INCREMENT value. A ctx deadline bounds the wait on the server too, at no extra statement: on
+// draws the AUTO_INCREMENT value. A ctx deadline bounds the wait on the server too,
+// at no extra statement but on MySQL 8 and later: on
 // PostgreSQL a transaction-local lock_timeout, set by the locking statement before
 // it waits and put back by the same statement once the lock is held; on MariaDB a
 // statement-scoped innodb_lock_wait_timeout (SET STATEMENT). MySQL 8 and later have
@@ -129,8 +131,11 @@
 // once (REPLACE ... NOWAIT: three statements when the lock is free); if the lock is
 // held, it waits in a bounded SELECT ... FOR UPDATE and draws in a second statement,
 // once the lock is held (five statements), and the Locker's next 16 such
-// acquisitions go straight to the bounded wait (four), so that steady contention
-// costs the try only once in 17.
+// acquisitions, of any name, go straight to the bounded wait (four, also for a free
+// lock), so that steady contention costs the try about once in 17. The try does not
+// wait for row locks; a metadata lock (a DDL statement on the table under way) it
+// waits for as any statement does, bounded by lock_wait_timeout and the client's
+// interrupt at the deadline.
 // The server's version is asked once per Locker. A waiter sends nothing while it
 // waits: the database queues it on the row lock and wakes it when the holder ends.
 //

@@ -172,11 +172,15 @@ const skipNowaitAfterBusy = 16
 // nowaitFirst reports whether a MySQL 8 acquisition with a token and a deadline should
 // first try to take the lock at once (skipNowait).
 func (l *Locker) nowaitFirst() bool {
-	if l.skipNowait.Load() > 0 {
-		l.skipNowait.Add(-1)
-		return false
+	for {
+		n := l.skipNowait.Load()
+		if n <= 0 {
+			return true
+		}
+		if l.skipNowait.CompareAndSwap(n, n-1) {
+			return false
+		}
 	}
-	return true
 }
 
 var _ sqllock.Locker = (*Locker)(nil)
@@ -267,8 +271,9 @@ func (l *Locker) TryAcquire(ctx context.Context, name string, opts ...sqllock.Ac
 // a server-side bound of the wait (PostgreSQL: lock_timeout; MariaDB: a
 // statement-scoped innodb_lock_wait_timeout, rounded up to whole seconds; MySQL 8 and
 // later: MAX_EXECUTION_TIME of a SELECT, which then costs a second statement to draw
-// the token if the lock was held; a free lock is taken and its token drawn in one
-// statement that does not wait). When ctx
+// the token; with a token the SELECT is preceded by a try that takes a free lock and
+// draws its token in one statement without waiting, skipped for a while after it
+// found a lock held: see the package documentation, Cost). When ctx
 // ends first, the wait is interrupted without taking a pooled connection if none is
 // free: on PostgreSQL with pgx by out-of-band cancel requests; otherwise by KILL QUERY
 // (pg_cancel_backend) from a connection that is free at once, or else by closing the
@@ -645,8 +650,8 @@ func (l *Locker) pgScan(row *sql.Row, key *[]byte, since *time.Time, drawn *sql.
 // lockRow takes the row lock of key in tx and, unless WithoutToken, draws the new
 // token and stores it in the row, in one statement (on MySQL 8 and later with a ctx
 // deadline, up to three: see below). It returns errNoRow if the row does not exist, in
-// modeTry a LockTimeout-class error when the row is locked, and ctx's error when ctx
-// ended. dirty reports that the session must be discarded (see watched). granted is
+// modeTry a LockTimeout-class error when the row is locked (in modeWait such an error
+// is a server bound that ran out), and ctx's error when ctx ended. dirty reports that the session must be discarded (see watched). granted is
 // called as soon as the row lock is held.
 func (l *Locker) lockRow(ctx context.Context, tx *sql.Tx, target waitTarget, key []byte, m mode, granted func()) (g grant, dirty bool, err error) {
 	var deadline time.Time
@@ -710,11 +715,20 @@ func (l *Locker) lockRow(ctx context.Context, tx *sql.Tx, target waitTarget, key
 					g.token, _, err = myRun(qctx, tx, myLocking(true, target.marker, key, true), true)
 					return err
 				})
-				if !sqlerr.Is(err, sqlerr.LockTimeout) || dirty {
+				// Only NOWAIT's refusal (3572) falls through to the wait: it rolls back
+				// the statement alone. A lock wait timeout (1205: a wait the try could
+				// not avoid, for a metadata lock or the insert's own locks) may have
+				// rolled the whole transaction back (innodb_rollback_on_timeout): it is
+				// returned, and the attempt retried in a new transaction.
+				if !sqlerr.IsCode(err, "3572") || dirty {
 					g.at = l.boundStart(sent)
 					return g, dirty, l.locked(ctx, err, dirty, granted)
 				}
 				l.skipNowait.Store(skipNowaitAfterBusy)
+				if time.Until(deadline) < time.Millisecond {
+					<-ctx.Done() // no time left to wait: as above
+					return g, false, ctx.Err()
+				}
 				// The bound of the wait, from now.
 				bounded, _ = serverWaitBound(target.flavor, time.Until(deadline), myLocking(false, target.marker, key, false))
 			}

@@ -2,6 +2,7 @@ package forupdate_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync/atomic"
 	"testing"
@@ -240,6 +241,14 @@ func TestDeadlineNowaitFirst(t *testing.T) {
 		}
 		if r.le.Token() <= holder.Token() {
 			t.Errorf("token %d after the holder's %d", r.le.Token(), holder.Token())
+		}
+		// The lease holds the row lock (the fallback ran in the transaction the try
+		// began, not in one the server rolled back).
+		if le, err := other.TryLock(ctx, name); !errors.Is(err, sqllock.ErrNotAcquired) {
+			if err == nil {
+				le.Release(ctx)
+			}
+			t.Errorf("TryLock while the lease is held: %v, want ErrNotAcquired", err)
 		}
 		if err := r.le.Release(ctx); err != nil {
 			t.Fatal(err)
