@@ -16,9 +16,9 @@ import (
 // session: the keepalive reports the lease lost.
 func TestKeepaliveSessionIdentity(t *testing.T) {
 	d := sqllock.Postgres
+	db := testdb.Open(t, d) // may start the server's container: before the deadline
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	db := testdb.Open(t, d)
 	l, err := New(db, d, WithKeepalive(50*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)

@@ -14,9 +14,10 @@ import (
 // without a warning, in every form an acquisition sends (waiting or NOWAIT, with
 // the server's wait bound where the flavour has one).
 func TestMySQLStatementsDrawNoWarnings(t *testing.T) {
+	db := testdb.Open(t, sqllock.MySQL) // may start the server's container: before the deadline
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	f, err := testdb.FlavorOf(ctx, testdb.Open(t, sqllock.MySQL), sqllock.MySQL)
+	f, err := testdb.FlavorOf(ctx, db, sqllock.MySQL)
 	if err != nil {
 		t.Fatal(err)
 	}

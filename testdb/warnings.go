@@ -17,9 +17,10 @@ import (
 // does. Nothing runs; the tables must exist (the migrated test database).
 func CheckMySQLStatements(t testing.TB, stmts map[string]string) {
 	t.Helper()
+	db := Open(t, sqllock.MySQL) // may start the server's container: before the deadline
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	conn, err := Open(t, sqllock.MySQL).Conn(ctx)
+	conn, err := db.Conn(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
