@@ -210,10 +210,10 @@ func TestFinding05AcquireBoundedByContext(t *testing.T) {
 	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
 		testdb.CheckLeaks(t)
 		const budget, slack = 300 * time.Millisecond, 700 * time.Millisecond
-		ctx := testdb.Context(t, 60*time.Second)
-		h := newLocker(t, testdb.Open(t, d), d)
+		h := newLocker(t, testdb.Open(t, d), d)                                        // may start the server's container: before the deadline
 		w := newLocker(t, testdb.Open(t, d), d, WithPollInterval(50*time.Millisecond)) // attempt timeout: the default 10s
 		third := newLocker(t, testdb.Open(t, d), d)
+		ctx := testdb.Context(t, 60*time.Second)
 		name := testdb.Name(t)
 		held, err := h.Acquire(ctx, name)
 		if err != nil {
