@@ -20,8 +20,9 @@ func TestMain(m *testing.M) { os.Exit(testdb.Main(m)) }
 // connection would only hand it back to the pgxpool (locks and all).
 func TestReleaseDiscardEndsPoolSession(t *testing.T) {
 	const d = sqllock.Postgres
+	dsn := testdb.DSN(t, d) // may start the server's container: before the deadline
 	ctx := testdb.Context(t, time.Minute)
-	pool, err := pgxpool.New(ctx, testdb.DSN(t, d))
+	pool, err := pgxpool.New(ctx, dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
