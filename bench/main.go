@@ -276,12 +276,12 @@ func pairedRatios(ctx context.Context, t *target, cl cell, cells []cell, m metri
 	if err != nil {
 		return err
 	}
-	m[mXRawPaired] = run.rates[0] / run.rates[1]
+	m[mXRawPaired] = run.ratio(0, 1)
 	if lo, hi, ok := run.interval(0, 1); ok {
 		m[mXRawLo], m[mXRawHi] = lo, hi
 	}
-	if len(run.rates) > 2 {
-		m[mXPeerPaired] = run.rates[0] / run.rates[2]
+	if len(cs) > 2 {
+		m[mXPeerPaired] = run.ratio(0, 2)
 		if lo, hi, ok := run.interval(0, 2); ok {
 			m[mXPeerLo], m[mXPeerHi] = lo, hi
 		}
@@ -541,6 +541,8 @@ release also notifies, and its *x raw* columns are what a NOTIFY per release cos
 }
 
 func fInt(v float64) string { return fmt.Sprintf("%.0f", v) }
+func fX(v float64) string   { return fmt.Sprintf("%.2fx", v) }
+func fF2(v float64) string  { return fmt.Sprintf("%.2f", v) }
 
 // interval returns " [lo-hi]", the bootstrap interval recorded for the paired ratio
 // key, or "" for other keys and ratios without one.
@@ -560,8 +562,6 @@ func (m metrics) interval(key string) string {
 	}
 	return fmt.Sprintf(" [%.2f-%.2f]", l, h)
 }
-func fX(v float64) string  { return fmt.Sprintf("%.2fx", v) }
-func fF2(v float64) string { return fmt.Sprintf("%.2f", v) }
 
 // fUs formats microseconds.
 func fUs(v float64) string {

@@ -198,8 +198,9 @@ const maxPeerErrors = 20
 
 // paired runs one client of each of cs (a cell, then the cells it is compared with)
 // in turns of pairSlice, each on a name of its own (name + "/p" + its index), until
-// each ran for about dur, and returns each one's Acquire+Release pairs per second over
-// its own turns, with the cycles of turns (for pairedRun.interval). The cells of a paired run share every moment of the machine's drift
+// each ran for about dur, and returns the cycles of turns, from which
+// pairedRun.ratio gives the ratio of two cells' Acquire+Release pairs per second over
+// their own turns. The cells of a paired run share every moment of the machine's drift
 // (on the shared 2-core machines here, two runs of one cell a minute apart differed by
 // up to 16 %), so their ratio is steadier than that of phases run apart. A failed
 // pair of a peer's client (up to maxPeerErrors) is reported on stderr and left out,
@@ -231,12 +232,11 @@ func paired(ctx context.Context, t *target, cs []cell, name string, dur time.Dur
 		}
 		return nil
 	}
-	n := make([]int64, len(cs))
-	spent := make([]time.Duration, len(cs))
 	errs := make([]int, len(cs))
 	var run pairedRun
-	for spent[len(cs)-1] < dur {
-		cy := turns{n: make([]int64, len(cs)), spent: make([]time.Duration, len(cs))}
+	total := newTurns(len(cs))
+	for total.spent[len(cs)-1] < dur {
+		cy := newTurns(len(cs))
 		for i := range cs {
 			start := time.Now()
 			var lost time.Duration // in failed pairs of a peer
@@ -255,37 +255,61 @@ func paired(ctx context.Context, t *target, cs []cell, name string, dur time.Dur
 					lost += time.Since(t0)
 					continue
 				}
-				n[i]++
 				cy.n[i]++
 			}
 			cy.spent[i] = time.Since(start) - lost
-			spent[i] += cy.spent[i]
 		}
 		run.cycles = append(run.cycles, cy)
+		total.add(cy)
 	}
 	for i, e := range errs {
 		if e > 0 {
-			fmt.Fprintf(os.Stderr, "bench: paired: peer %s: %d failed pairs left out (%d counted)\n", cs[i].name, e, n[i])
+			fmt.Fprintf(os.Stderr, "bench: paired: peer %s: %d failed pairs left out (%d counted)\n", cs[i].name, e, total.n[i])
 		}
-	}
-	run.rates = make([]float64, len(cs))
-	for i := range cs {
-		run.rates[i] = float64(n[i]) / spent[i].Seconds()
 	}
 	return run, nil
 }
 
-// pairedRun is the outcome of paired: each cell's pairs per second over the run, and
-// the cycles (one turn of every cell) it was made of.
+// pairedRun is the outcome of paired: the cycles (one turn of every cell) it was
+// made of.
 type pairedRun struct {
-	rates  []float64
 	cycles []turns
 }
 
-// turns are the pairs each cell completed in one cycle, and the time each took.
+// turns are the pairs each cell completed in one cycle (or several), and the time
+// each took.
 type turns struct {
 	n     []int64
 	spent []time.Duration
+}
+
+func newTurns(cells int) turns {
+	return turns{n: make([]int64, cells), spent: make([]time.Duration, cells)}
+}
+
+// add adds c's pairs and times to t's.
+func (t turns) add(c turns) {
+	for i := range t.n {
+		t.n[i] += c.n[i]
+		t.spent[i] += c.spent[i]
+	}
+}
+
+// ratio is cell a's pairs per second over cell b's (0 if either has none).
+func (t turns) ratio(a, b int) float64 {
+	if t.n[b] == 0 || t.spent[a] == 0 {
+		return 0
+	}
+	return (float64(t.n[a]) / t.spent[a].Seconds()) / (float64(t.n[b]) / t.spent[b].Seconds())
+}
+
+// ratio is cell a's pairs per second over cell b's, over the whole run.
+func (r pairedRun) ratio(a, b int) float64 {
+	sum := newTurns(len(r.cycles[0].n))
+	for _, c := range r.cycles {
+		sum.add(c)
+	}
+	return sum.ratio(a, b)
 }
 
 // interval returns a 90 % bootstrap interval of the ratio of cell a's rate to cell
@@ -300,16 +324,13 @@ func (r pairedRun) interval(a, b int) (lo, hi float64, ok bool) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	ratios := make([]float64, 0, 2000)
 	for range 2000 {
-		var na, nb int64
-		var sa, sb time.Duration
+		sum := newTurns(len(r.cycles[0].n))
 		for range r.cycles {
-			c := r.cycles[rng.IntN(len(r.cycles))]
-			na, nb, sa, sb = na+c.n[a], nb+c.n[b], sa+c.spent[a], sb+c.spent[b]
+			sum.add(r.cycles[rng.IntN(len(r.cycles))])
 		}
-		if nb == 0 || sa == 0 {
-			continue
+		if x := sum.ratio(a, b); x > 0 {
+			ratios = append(ratios, x)
 		}
-		ratios = append(ratios, (float64(na)/sa.Seconds())/(float64(nb)/sb.Seconds()))
 	}
 	if len(ratios) < 1000 {
 		return 0, 0, false

@@ -5,7 +5,8 @@ import (
 	"time"
 )
 
-// TestPairedInterval: the bootstrap interval of a paired ratio contains the ratio,
+// TestPairedInterval: a paired run's ratio is that of its cycles' sums; the bootstrap
+// interval of the ratio contains it,
 // is a single point when every cycle is alike, widens with noisy cycles, and is not
 // given for too few cycles.
 func TestPairedInterval(t *testing.T) {
@@ -16,6 +17,9 @@ func TestPairedInterval(t *testing.T) {
 	for i := range 30 {
 		steady.cycles = append(steady.cycles, cycle(80, 100))
 		noisy.cycles = append(noisy.cycles, cycle(int64(60+i%5*10), 100)) // 60..100: mean 80
+	}
+	if r := steady.ratio(0, 1); r != 0.8 {
+		t.Errorf("steady cycles: ratio %v, want 0.8", r)
 	}
 	lo, hi, ok := steady.interval(0, 1)
 	if !ok || lo != 0.8 || hi != 0.8 {
