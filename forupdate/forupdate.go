@@ -700,7 +700,7 @@ func (l *Locker) lockRow(ctx context.Context, tx *sql.Tx, target waitTarget, key
 		wait := time.Until(deadline)
 		if bounded, ok := serverWaitBound(target.flavor, wait, stmt); ok {
 			stmt = bounded
-		} else if bounded, ok := serverWaitBound(target.flavor, wait, myLocking(false, target.marker, key, false)); ok && draw {
+		} else if _, ok := serverWaitBound(target.flavor, wait, myLocking(false, target.marker, key, false)); ok && draw {
 			// MySQL 8 and later bound only a SELECT's wait (MAX_EXECUTION_TIME), and
 			// only an INSERT or REPLACE draws an AUTO_INCREMENT value: wait in the
 			// bounded locking read, then draw, the lock held, with the statement of
@@ -729,10 +729,10 @@ func (l *Locker) lockRow(ctx context.Context, tx *sql.Tx, target waitTarget, key
 					<-ctx.Done() // no time left to wait: as above
 					return g, false, ctx.Err()
 				}
-				// The bound of the wait, from now.
-				bounded, _ = serverWaitBound(target.flavor, time.Until(deadline), myLocking(false, target.marker, key, false))
 			}
-			stmt, draw, drawAfter = bounded, false, true
+			// The bound of the wait counts from now, after the try.
+			stmt, _ = serverWaitBound(target.flavor, time.Until(deadline), myLocking(false, target.marker, key, false))
+			draw, drawAfter = false, true
 		}
 	}
 	var sid int64
