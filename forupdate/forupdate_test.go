@@ -344,10 +344,11 @@ func TestPoolNotExhausted(t *testing.T) {
 // TestSubSecondDeadline: a 300 ms deadline ends the wait promptly, and leaves no
 // waiter queued on the server. On PostgreSQL the server's own bound (lock_timeout)
 // ends it: within 200 ms, before the client's backstop interrupt
-// (interrupt.ServerBoundGrace) would. On MySQL, whose server bound is rounded up to a
-// whole second, the client interrupts it at the deadline (KILL QUERY from another
-// pooled connection, which may have to be dialled): within promptly, before the
-// server's bound of 1 s would.
+// (interrupt.ServerBoundGrace) would. On MySQL the client interrupts it at the
+// deadline (KILL QUERY from another pooled connection, which may have to be dialled),
+// beside the server's bound: on MariaDB rounded up to a whole second, which the
+// limit, promptly, tells from the interrupt; on MySQL 8 and later MAX_EXECUTION_TIME,
+// in milliseconds, which ends the wait at the deadline too.
 func TestSubSecondDeadline(t *testing.T) {
 	testdb.CheckLeaks(t)
 	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
