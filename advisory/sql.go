@@ -329,8 +329,7 @@ func (l *Locker) myWait(ctx context.Context, conn *sql.Conn, sid int64, id lockI
 		case err != nil:
 			return false, true, err
 		}
-		if dl, has := ctx.Deadline(); has && time.Until(dl) < time.Millisecond {
-			<-ctx.Done()
+		if interrupt.TooLate(ctx) {
 			return false, false, nil
 		}
 		// The server's timer ended just before ctx's deadline, or a year passed: wait

@@ -657,12 +657,10 @@ func (l *Locker) lockRow(ctx context.Context, tx *sql.Tx, target waitTarget, key
 	var deadline time.Time
 	hasDeadline := false
 	if m == modeWait {
-		if deadline, hasDeadline = ctx.Deadline(); hasDeadline && time.Until(deadline) < time.Millisecond {
-			// Too little time left to wait: let ctx end and report that, like any
-			// other wait that ctx ended.
-			<-ctx.Done()
+		if interrupt.TooLate(ctx) {
 			return g, false, ctx.Err()
 		}
+		deadline, hasDeadline = ctx.Deadline()
 	}
 	g.sid = target.pid
 	sent := time.Now()
@@ -697,10 +695,9 @@ func (l *Locker) lockRow(ctx context.Context, tx *sql.Tx, target waitTarget, key
 	stmt := myLocking(draw, target.marker, key, m == modeTry)
 	drawAfter := false // the token is drawn by a second statement, once the lock is held
 	if hasDeadline {
-		wait := time.Until(deadline)
-		if bounded, ok := serverWaitBound(target.flavor, wait, stmt); ok {
+		if bounded, ok := serverWaitBound(target.flavor, time.Until(deadline), stmt); ok {
 			stmt = bounded
-		} else if _, ok := serverWaitBound(target.flavor, wait, myLocking(false, target.marker, key, false)); ok && draw {
+		} else if target.flavor == flavorMySQL8 && draw {
 			// MySQL 8 and later bound only a SELECT's wait (MAX_EXECUTION_TIME), and
 			// only an INSERT or REPLACE draws an AUTO_INCREMENT value: wait in the
 			// bounded locking read, then draw, the lock held, with the statement of
@@ -725,8 +722,7 @@ func (l *Locker) lockRow(ctx context.Context, tx *sql.Tx, target waitTarget, key
 					return g, dirty, l.locked(ctx, err, dirty, granted)
 				}
 				l.skipNowait.Store(skipNowaitAfterBusy)
-				if time.Until(deadline) < time.Millisecond {
-					<-ctx.Done() // no time left to wait: as above
+				if interrupt.TooLate(ctx) {
 					return g, false, ctx.Err()
 				}
 			}

@@ -34,6 +34,19 @@ const ServerBoundGrace = 200 * time.Millisecond
 // PoolWait bounds the wait for a pooled connection to interrupt from.
 const PoolWait = 100 * time.Millisecond
 
+// TooLate reports whether ctx's deadline is less than a millisecond away (the
+// smallest server-side bound of a wait), and then returns only once ctx has ended: a
+// statement that would wait on the server is not started, and the caller reports
+// ctx's end as that of any other wait.
+func TooLate(ctx context.Context) bool {
+	dl, ok := ctx.Deadline()
+	if !ok || time.Until(dl) >= time.Millisecond {
+		return false
+	}
+	<-ctx.Done()
+	return true
+}
+
 // Target is the session of a waiting statement.
 type Target struct {
 	// PgConn is the session's pgx connection, if the driver is pgx: the wait is then
