@@ -292,3 +292,143 @@ func TestCancelledWaitersLeaveNothingQueued(t *testing.T) {
 		}
 	})
 }
+
+// holdTableLock makes the lock table wait for a DDL statement under way, as an
+// ALTER TABLE would: LOCK TABLES ... WRITE on MySQL (an exclusive metadata lock),
+// LOCK TABLE ... IN ACCESS EXCLUSIVE MODE in a transaction on PostgreSQL. It
+// returns the function that gives it back.
+func holdTableLock(t testing.TB, admin *sql.DB, d sqllock.Dialect) (unlock func()) {
+	t.Helper()
+	ctx := testdb.Context(t, 30*time.Second)
+	conn, err := admin.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lock, undo := "LOCK TABLES sqllock_rowlock WRITE", "UNLOCK TABLES"
+	if d == sqllock.Postgres {
+		if _, err := conn.ExecContext(ctx, "BEGIN"); err != nil {
+			t.Fatal(err)
+		}
+		lock, undo = "LOCK TABLE sqllock_rowlock IN ACCESS EXCLUSIVE MODE", "ROLLBACK"
+	}
+	if _, err := conn.ExecContext(ctx, lock); err != nil {
+		t.Fatal(err)
+	}
+	var once bool
+	unlock = func() {
+		if once {
+			return
+		}
+		once = true
+		if _, err := conn.ExecContext(testdb.Context(t, 30*time.Second), undo); err != nil {
+			t.Error(err)
+		}
+		conn.Close()
+	}
+	t.Cleanup(unlock)
+	return unlock
+}
+
+// TestDeadlineBoundsTableLockWait: while a DDL statement holds the lock table (a
+// metadata lock on MySQL, an ACCESS EXCLUSIVE lock on PostgreSQL), Lock with a
+// ctx deadline waits for it like any statement, and returns promptly once the
+// deadline passes (on MySQL 8 and later with a token, the REPLACE ... NOWAIT try
+// is the statement that waits: NOWAIT skips only row locks), with nothing of it
+// left running on the server; once the table is given back, Lock takes the lock.
+func TestDeadlineBoundsTableLockWait(t *testing.T) {
+	testdb.CheckLeaks(t)
+	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
+		for _, token := range []bool{true, false} {
+			t.Run(map[bool]string{true: "token", false: "WithoutToken"}[token], func(t *testing.T) {
+				db, admin := testdb.Open(t, d), testdb.Open(t, d)
+				var opts []forupdate.Option
+				if !token {
+					opts = append(opts, forupdate.WithoutToken())
+				}
+				l := newLocker(t, db, d, opts...)
+				name := testdb.Name(t)
+				ctx := testdb.Context(t, time.Minute)
+				// The first acquisition creates the name's row.
+				lease, err := l.Lock(ctx, name)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := lease.Release(ctx); err != nil {
+					t.Fatal(err)
+				}
+				unlock := holdTableLock(t, admin, d)
+
+				const wait = time.Second
+				wctx, cancel := context.WithTimeout(context.Background(), wait)
+				defer cancel()
+				start := time.Now()
+				type result struct {
+					lease *forupdate.Lease
+					err   error
+				}
+				res := make(chan result, 1)
+				go func() {
+					lease, err := l.Lock(wctx, name)
+					res <- result{lease, err}
+				}()
+				// The waiter's statement is under way, held up by the table lock.
+				for {
+					n, err := testdb.Running(ctx, admin, d, "sqllock_rowlock")
+					if err != nil {
+						t.Fatal(err)
+					}
+					if n == 1 {
+						break
+					}
+					if time.Since(start) > wait {
+						t.Fatalf("%d statements on the lock table under way, want the waiter's", n)
+					}
+					time.Sleep(10 * time.Millisecond) // polling the server: it sends no signal
+				}
+				var r result
+				select {
+				case r = <-res:
+				case <-time.After(wait + 10*time.Second):
+					unlock()
+					<-res
+					t.Fatal("Lock still waiting 10s after its deadline (returned once the table was given back)")
+				}
+				took := time.Since(start)
+				if r.err == nil {
+					r.lease.Release(ctx)
+					t.Fatal("acquired the lock while the table was locked")
+				}
+				if !errors.Is(r.err, sqllock.ErrNotAcquired) || !errors.Is(r.err, context.DeadlineExceeded) {
+					t.Errorf("err = %v, want ErrNotAcquired and DeadlineExceeded", r.err)
+				}
+				t.Logf("Lock returned %v after start (deadline %v): %v", took, wait, r.err)
+				if took < wait || took > wait+promptly {
+					t.Errorf("Lock whose deadline was %v returned after %v", wait, took)
+				}
+				// Nothing of the waiter is left running on the server.
+				begin := time.Now()
+				for {
+					n, err := testdb.Running(ctx, admin, d, "sqllock_rowlock")
+					if err != nil {
+						t.Fatal(err)
+					}
+					if n == 0 {
+						break
+					}
+					if time.Since(begin) > 2*time.Second {
+						t.Fatalf("%d statements on the lock table still under way 2s after Lock returned", n)
+					}
+					time.Sleep(10 * time.Millisecond) // polling the server: it sends no signal
+				}
+				unlock()
+				lease, err = l.Lock(ctx, name)
+				if err != nil {
+					t.Fatalf("Lock once the table was given back: %v", err)
+				}
+				if err := lease.Release(ctx); err != nil {
+					t.Fatal(err)
+				}
+			})
+		}
+	})
+}
