@@ -69,6 +69,9 @@ func cellsFor(d sqllock.Dialect) []cell {
 		// raw forupdate that also draws a fencing token by hand: what a token that
 		// commits with the work costs over raw forupdate (its x raw columns).
 		{name: "raw forupdate token", raw: "raw forupdate", open: openRawForUpdateToken},
+		// raw forupdate that also does a job's work: one UPDATE (workSQL) in the
+		// transaction before COMMIT.
+		{name: "raw forupdate work", open: openRawForUpdateWork},
 		// raw uniqueindex whose every release also sends a NOTIFY (PostgreSQL): what
 		// notifying on each release would cost, beside the same statements without.
 		{name: "raw uniqueindex NOTIFY", raw: "raw uniqueindex", open: openRawInsertNotify, pgOnly: true},
@@ -87,6 +90,10 @@ func cellsFor(d sqllock.Dialect) []cell {
 		{name: "forupdate WithoutToken", raw: "raw forupdate", open: lockerCell(func(db *sql.DB, d sqllock.Dialect) (locker, error) {
 			return forupdate.New(db, d, forupdate.WithoutToken())
 		})},
+		// forupdate as a job that writes uses it: one UPDATE of a row of the job's
+		// in the lease's transaction, committed with the token at release, against
+		// the hand-written transaction that does the same (raw forupdate work).
+		{name: "forupdate work", raw: "raw forupdate work", open: openForUpdateWork},
 		{name: "optimistic", raw: "raw optimistic", open: lockerCell(func(db *sql.DB, d sqllock.Dialect) (locker, error) {
 			return optimistic.New(db, d)
 		})},
@@ -372,11 +379,72 @@ func openRawAdvisory(ctx context.Context, db *sql.DB, d sqllock.Dialect) (client
 // openRawForUpdate: BEGIN; SELECT ... FOR UPDATE of the name's row; COMMIT to
 // release.
 func openRawForUpdate(ctx context.Context, db *sql.DB, d sqllock.Dialect) (client, error) {
-	return rawTxClient(ctx, db, d, `SELECT version FROM bench_raw_row WHERE name = $1 FOR UPDATE`,
-		func(ctx context.Context, st *sql.Stmt, name string) error {
+	return rawTxClient(ctx, db, d, []string{rawForUpdateSQL},
+		func(ctx context.Context, sts []*sql.Stmt, name string) error {
 			var v int64
-			return st.QueryRowContext(ctx, name).Scan(&v)
+			return sts[0].QueryRowContext(ctx, name).Scan(&v)
 		})
+}
+
+const rawForUpdateSQL = `SELECT version FROM bench_raw_row WHERE name = $1 FOR UPDATE`
+
+// workSQL is the work of the work cells: an UPDATE of the name's row of
+// bench_raw_row (the row raw forupdate locks; ensureRow creates it), run in the
+// lock's transaction, so that the commit that releases the lock writes, as a job's
+// does.
+const workSQL = `UPDATE bench_raw_row SET version = version + 1 WHERE name = $1`
+
+// openRawForUpdateWork: raw forupdate, then workSQL in the same transaction, COMMIT
+// to release. The UPDATE finds the row already locked by the transaction.
+func openRawForUpdateWork(ctx context.Context, db *sql.DB, d sqllock.Dialect) (client, error) {
+	return rawTxClient(ctx, db, d, []string{rawForUpdateSQL, workSQL},
+		func(ctx context.Context, sts []*sql.Stmt, name string) error {
+			var v int64
+			if err := sts[0].QueryRowContext(ctx, name).Scan(&v); err != nil {
+				return err
+			}
+			return work(ctx, sts[1], name)
+		})
+}
+
+// work runs workSQL (prepared as st, in the lock's transaction) for name.
+func work(ctx context.Context, st *sql.Stmt, name string) error {
+	res, err := st.ExecContext(ctx, name)
+	if err != nil {
+		return err
+	}
+	if n, err := res.RowsAffected(); err != nil || n != 1 {
+		return fmt.Errorf("work on %q: %d rows, %v", name, n, err)
+	}
+	return nil
+}
+
+// openForUpdateWork: a forupdate Locker (with a token), workSQL in the lease's
+// transaction (Lease.Tx), Release to commit it.
+func openForUpdateWork(ctx context.Context, db *sql.DB, d sqllock.Dialect) (client, error) {
+	sts, err := stmts(ctx, db, nil, d, workSQL)
+	if err != nil {
+		return nil, err
+	}
+	l, err := forupdate.New(db, d)
+	if err != nil {
+		closeStmts(sts)()
+		return nil, err
+	}
+	return funcClient{
+		lockFn: func(ctx context.Context, name string) (func(context.Context) error, error) {
+			lease, err := l.Lock(ctx, name)
+			if err != nil {
+				return nil, err
+			}
+			if err := work(ctx, lease.Tx().StmtContext(ctx, sts[0]), name); err != nil {
+				lease.Rollback(ctx)
+				return nil, err
+			}
+			return lease.Release, nil
+		},
+		closeFn: func() error { return errors.Join(l.Close(), closeStmts(sts)()) },
+	}, nil
 }
 
 // openRawForUpdateToken: the hand-written row lock with a fencing token, in a
@@ -390,14 +458,14 @@ func openRawForUpdateToken(ctx context.Context, db *sql.DB, d sqllock.Dialect) (
 	if d == sqllock.MySQL {
 		q = `UPDATE bench_raw_row SET version = LAST_INSERT_ID(version + 1) WHERE name = $1`
 	}
-	return rawTxClient(ctx, db, d, q, func(ctx context.Context, st *sql.Stmt, name string) error {
+	return rawTxClient(ctx, db, d, []string{q}, func(ctx context.Context, sts []*sql.Stmt, name string) error {
 		var tok int64
 		var err error
 		if d == sqllock.Postgres {
-			err = st.QueryRowContext(ctx, name).Scan(&tok)
+			err = sts[0].QueryRowContext(ctx, name).Scan(&tok)
 		} else {
 			var res sql.Result
-			if res, err = st.ExecContext(ctx, name); err == nil {
+			if res, err = sts[0].ExecContext(ctx, name); err == nil {
 				tok, err = res.LastInsertId()
 			}
 		}
@@ -409,10 +477,10 @@ func openRawForUpdateToken(ctx context.Context, db *sql.DB, d sqllock.Dialect) (
 }
 
 // rawTxClient is a hand-written row lock held by a transaction: BEGIN, lock (the
-// statement q, prepared once, run in the transaction), COMMIT to release.
-func rawTxClient(ctx context.Context, db *sql.DB, d sqllock.Dialect, q string,
-	lock func(ctx context.Context, st *sql.Stmt, name string) error) (client, error) {
-	sts, err := stmts(ctx, db, nil, d, q)
+// statements qs, prepared once, run in the transaction), COMMIT to release.
+func rawTxClient(ctx context.Context, db *sql.DB, d sqllock.Dialect, qs []string,
+	lock func(ctx context.Context, sts []*sql.Stmt, name string) error) (client, error) {
+	sts, err := stmts(ctx, db, nil, d, qs...)
 	if err != nil {
 		return nil, err
 	}
@@ -422,7 +490,11 @@ func rawTxClient(ctx context.Context, db *sql.DB, d sqllock.Dialect, q string,
 			if err != nil {
 				return nil, err
 			}
-			if err := lock(ctx, tx.StmtContext(ctx, sts[0]), name); err != nil {
+			txs := make([]*sql.Stmt, len(sts))
+			for i, st := range sts {
+				txs[i] = tx.StmtContext(ctx, st)
+			}
+			if err := lock(ctx, txs, name); err != nil {
 				tx.Rollback()
 				return nil, err
 			}
