@@ -295,15 +295,17 @@ func TestCancelledWaitersLeaveNothingQueued(t *testing.T) {
 
 // holdTableLock makes the lock table wait for a DDL statement under way, as an
 // ALTER TABLE would: LOCK TABLES ... WRITE on MySQL (an exclusive metadata lock),
-// LOCK TABLE ... IN ACCESS EXCLUSIVE MODE in a transaction on PostgreSQL. It
-// returns the function that gives it back.
-func holdTableLock(t testing.TB, admin *sql.DB, d sqllock.Dialect) (unlock func()) {
+// LOCK TABLE ... IN ACCESS EXCLUSIVE MODE in a transaction on PostgreSQL, on a
+// session of admin's. It returns that session's id and the function that gives the
+// table back (also run at cleanup).
+func holdTableLock(t testing.TB, admin *sql.DB, d sqllock.Dialect) (sid int64, unlock func()) {
 	t.Helper()
 	ctx := testdb.Context(t, 30*time.Second)
 	conn, err := admin.Conn(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
+	sid = testdb.SessionID(ctx, t, d, conn)
 	lock, undo := "LOCK TABLES sqllock_rowlock WRITE", "UNLOCK TABLES"
 	if d == sqllock.Postgres {
 		if _, err := conn.ExecContext(ctx, "BEGIN"); err != nil {
@@ -326,28 +328,62 @@ func holdTableLock(t testing.TB, admin *sql.DB, d sqllock.Dialect) (unlock func(
 		conn.Close()
 	}
 	t.Cleanup(unlock)
-	return unlock
+	return sid, unlock
+}
+
+// tableLockWaiters counts the sessions waiting for the table lock of session holder
+// (holdTableLock): pg_blocking_pids on PostgreSQL; on MySQL, which shows metadata
+// lock waits in the processlist state only, the sessions of the current database in
+// that state (performance_schema.processlist; information_schema.PROCESSLIST on
+// MariaDB, see testdb.Running).
+func tableLockWaiters(ctx context.Context, t testing.TB, admin *sql.DB, d sqllock.Dialect, holder int64) int {
+	t.Helper()
+	if d == sqllock.Postgres {
+		n, err := testdb.BlockedBy(ctx, admin, d, holder)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	f, err := testdb.FlavorOf(ctx, admin, d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	table := "performance_schema.processlist"
+	if f == testdb.FlavorMariaDB {
+		table = "information_schema.PROCESSLIST"
+	}
+	var n int
+	if err := admin.QueryRowContext(ctx, "SELECT COUNT(*) FROM "+table+
+		" WHERE DB = DATABASE() AND ID <> CONNECTION_ID() AND STATE = 'Waiting for table metadata lock'").Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
 }
 
 // TestDeadlineBoundsTableLockWait: while a DDL statement holds the lock table (a
 // metadata lock on MySQL, an ACCESS EXCLUSIVE lock on PostgreSQL), Lock with a
-// ctx deadline waits for it like any statement, and returns promptly once the
-// deadline passes (on MySQL 8 and later with a token, the REPLACE ... NOWAIT try
-// is the statement that waits: NOWAIT skips only row locks), with nothing of it
-// left running on the server; once the table is given back, Lock takes the lock.
+// ctx deadline waits for it like any statement (on MySQL 8 and later with a token,
+// the REPLACE ... NOWAIT try is the statement that waits: NOWAIT skips only row
+// locks), and returns once the deadline has passed: promptly on MySQL (KILL QUERY at
+// the deadline), interrupt.ServerBoundGrace later on PostgreSQL (the statement sets
+// its lock_timeout only once it has the table, so the client's cancel request ends
+// that wait), with nothing of it left waiting on the server; once the table is
+// given back, Lock takes the lock. The schema is the test's own: the table lock must
+// not hold up the tests of other packages sharing the server.
 func TestDeadlineBoundsTableLockWait(t *testing.T) {
 	testdb.CheckLeaks(t)
 	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
 		for _, token := range []bool{true, false} {
 			t.Run(map[bool]string{true: "token", false: "WithoutToken"}[token], func(t *testing.T) {
-				db, admin := testdb.Open(t, d), testdb.Open(t, d)
+				ctx := testdb.Context(t, time.Minute)
+				db := testdb.OpenIsolatedMigrated(ctx, t, d)
 				var opts []forupdate.Option
 				if !token {
 					opts = append(opts, forupdate.WithoutToken())
 				}
 				l := newLocker(t, db, d, opts...)
 				name := testdb.Name(t)
-				ctx := testdb.Context(t, time.Minute)
 				// The first acquisition creates the name's row.
 				lease, err := l.Lock(ctx, name)
 				if err != nil {
@@ -356,12 +392,16 @@ func TestDeadlineBoundsTableLockWait(t *testing.T) {
 				if err := lease.Release(ctx); err != nil {
 					t.Fatal(err)
 				}
-				unlock := holdTableLock(t, admin, d)
+				holder, unlock := holdTableLock(t, db, d)
 
 				const wait = time.Second
+				limit := promptly
+				if d == sqllock.Postgres {
+					limit += interrupt.ServerBoundGrace
+				}
 				wctx, cancel := context.WithTimeout(context.Background(), wait)
 				defer cancel()
-				start := time.Now()
+				deadline, _ := wctx.Deadline()
 				type result struct {
 					lease *forupdate.Lease
 					err   error
@@ -371,29 +411,40 @@ func TestDeadlineBoundsTableLockWait(t *testing.T) {
 					lease, err := l.Lock(wctx, name)
 					res <- result{lease, err}
 				}()
-				// The waiter's statement is under way, held up by the table lock.
-				for {
-					n, err := testdb.Running(ctx, admin, d, "sqllock_rowlock")
-					if err != nil {
-						t.Fatal(err)
+				// Whatever fails below, the waiter is ended and whatever it got given back.
+				done := false
+				defer func() {
+					if done {
+						return
 					}
-					if n == 1 {
-						break
+					cancel()
+					if r := <-res; r.err == nil {
+						r.lease.Release(context.Background())
 					}
-					if time.Since(start) > wait {
-						t.Fatalf("%d statements on the lock table under way, want the waiter's", n)
+				}()
+				// The waiter waits for the table lock.
+				for tableLockWaiters(ctx, t, db, d, holder) != 1 {
+					select {
+					case r := <-res:
+						done = true
+						if r.err == nil {
+							r.lease.Release(ctx)
+						}
+						t.Fatalf("Lock returned before it waited for the table lock: %v", r.err)
+					case <-time.After(10 * time.Millisecond): // polling the server: it sends no signal
 					}
-					time.Sleep(10 * time.Millisecond) // polling the server: it sends no signal
+					if time.Now().After(deadline) {
+						t.Fatal("the waiter was not seen waiting for the table lock before its deadline")
+					}
 				}
 				var r result
 				select {
 				case r = <-res:
 				case <-time.After(wait + 10*time.Second):
-					unlock()
-					<-res
-					t.Fatal("Lock still waiting 10s after its deadline (returned once the table was given back)")
+					t.Fatal("Lock still waiting 10s after its deadline")
 				}
-				took := time.Since(start)
+				done = true
+				returned := time.Now()
 				if r.err == nil {
 					r.lease.Release(ctx)
 					t.Fatal("acquired the lock while the table was locked")
@@ -401,22 +452,15 @@ func TestDeadlineBoundsTableLockWait(t *testing.T) {
 				if !errors.Is(r.err, sqllock.ErrNotAcquired) || !errors.Is(r.err, context.DeadlineExceeded) {
 					t.Errorf("err = %v, want ErrNotAcquired and DeadlineExceeded", r.err)
 				}
-				t.Logf("Lock returned %v after start (deadline %v): %v", took, wait, r.err)
-				if took < wait || took > wait+promptly {
-					t.Errorf("Lock whose deadline was %v returned after %v", wait, took)
+				late := returned.Sub(deadline)
+				t.Logf("Lock returned %v after its deadline: %v", late, r.err)
+				if late < 0 || late > limit {
+					t.Errorf("Lock returned %v after its deadline, want within %v", late, limit)
 				}
-				// Nothing of the waiter is left running on the server.
-				begin := time.Now()
-				for {
-					n, err := testdb.Running(ctx, admin, d, "sqllock_rowlock")
-					if err != nil {
-						t.Fatal(err)
-					}
-					if n == 0 {
-						break
-					}
-					if time.Since(begin) > 2*time.Second {
-						t.Fatalf("%d statements on the lock table still under way 2s after Lock returned", n)
+				// Nothing of the waiter is left waiting on the server.
+				for tableLockWaiters(ctx, t, db, d, holder) != 0 {
+					if time.Since(returned) > 2*time.Second {
+						t.Fatal("a session still waits for the table lock 2s after Lock returned")
 					}
 					time.Sleep(10 * time.Millisecond) // polling the server: it sends no signal
 				}

@@ -135,7 +135,10 @@
 // lock), so that steady contention costs the try about once in 17. The try does not
 // wait for row locks; a metadata lock (a DDL statement on the table under way) it
 // waits for as any statement does, bounded by lock_wait_timeout and the client's
-// interrupt at the deadline.
+// interrupt at the deadline. On PostgreSQL a table lock (a DDL statement under way)
+// is waited for before the locking statement sets its lock_timeout, so the client's
+// cancel request ends that wait, 200 ms (interrupt.ServerBoundGrace) after the
+// deadline (TestDeadlineBoundsTableLockWait).
 // The server's version is asked once per Locker. A waiter sends nothing while it
 // waits: the database queues it on the row lock and wakes it when the holder ends.
 //

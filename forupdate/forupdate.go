@@ -279,7 +279,9 @@ func (l *Locker) TryAcquire(ctx context.Context, name string, opts ...sqllock.Ac
 // (pg_cancel_backend) from a connection that is free at once, or else by closing the
 // waiter's connection, in which case the server drops its waiter at the deadline's
 // bound or, without a deadline, when it is granted the lock. Either way Lock returns
-// within milliseconds of ctx's end, with an error matching both
+// within milliseconds of ctx's end (on PostgreSQL, a wait for a table lock that a DDL
+// statement holds ends 200 ms after the deadline: the server-side bound is set only
+// once the statement has the table), with an error matching both
 // sqllock.ErrNotAcquired and ctx.Err(), and no lock is held, even if the database
 // granted it at that instant. Deadlocks, serialization failures and server lock wait
 // timeouts are retried. sqllock.WithOwner and sqllock.WithLeaseTTL are not supported: the
