@@ -123,16 +123,8 @@ func TestInterruptWithFullPool(t *testing.T) {
 				}
 				defer cancel()
 				start := time.Now()
-				type result struct {
-					lease *forupdate.Lease
-					err   error
-				}
-				res := make(chan result, 1)
-				go func() {
-					lease, err := l.Lock(ctx, name)
-					res <- result{lease, err}
-				}()
-				var r result
+				res := lockAsync(ctx, l, name)
+				var r lockResult
 				select {
 				case r = <-res:
 				case <-time.After(wait + 5*time.Second):
@@ -402,15 +394,7 @@ func TestDeadlineBoundsTableLockWait(t *testing.T) {
 				wctx, cancel := context.WithTimeout(context.Background(), wait)
 				defer cancel()
 				deadline, _ := wctx.Deadline()
-				type result struct {
-					lease *forupdate.Lease
-					err   error
-				}
-				res := make(chan result, 1)
-				go func() {
-					lease, err := l.Lock(wctx, name)
-					res <- result{lease, err}
-				}()
+				res := lockAsync(wctx, l, name)
 				// Whatever fails below, the waiter is ended and whatever it got given back.
 				done := false
 				defer func() {
@@ -437,7 +421,7 @@ func TestDeadlineBoundsTableLockWait(t *testing.T) {
 						t.Fatal("the waiter was not seen waiting for the table lock before its deadline")
 					}
 				}
-				var r result
+				var r lockResult
 				select {
 				case r = <-res:
 				case <-time.After(wait + 10*time.Second):

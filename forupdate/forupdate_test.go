@@ -30,6 +30,22 @@ func newLocker(t testing.TB, db *sql.DB, d sqllock.Dialect, opts ...forupdate.Op
 	return l
 }
 
+// lockResult is what a Lock run in the background returned.
+type lockResult struct {
+	lease *forupdate.Lease
+	err   error
+}
+
+// lockAsync runs l.Lock(ctx, name) in the background and delivers what it returned.
+func lockAsync(ctx context.Context, l *forupdate.Locker, name string) <-chan lockResult {
+	res := make(chan lockResult, 1)
+	go func() {
+		lease, err := l.Lock(ctx, name)
+		res <- lockResult{lease, err}
+	}()
+	return res
+}
+
 // kill ends the session holding lease, as an operator or a failover would.
 func kill(t testing.TB, admin *sql.DB, d sqllock.Dialect, lease sqllock.Lease) {
 	t.Helper()
@@ -199,15 +215,7 @@ func TestHolderKilled(t *testing.T) {
 		if err := insertData(ctx, holder.Tx(), d, name, 1); err != nil {
 			t.Fatal(err)
 		}
-		type result struct {
-			lease *forupdate.Lease
-			err   error
-		}
-		res := make(chan result, 1)
-		go func() {
-			lease, err := l2.Lock(ctx, name)
-			res <- result{lease, err}
-		}()
+		res := lockAsync(ctx, l2, name)
 		select {
 		case r := <-res:
 			t.Fatalf("waiter returned while the lock was held: %v", r.err)
@@ -215,7 +223,7 @@ func TestHolderKilled(t *testing.T) {
 		}
 		start := time.Now()
 		kill(t, admin, d, holder)
-		var r result
+		var r lockResult
 		select {
 		case r = <-res:
 		case <-time.After(10 * time.Second):
