@@ -323,31 +323,11 @@ func holdTableLock(t testing.TB, admin *sql.DB, d sqllock.Dialect) (sid int64, u
 	return sid, unlock
 }
 
-// tableLockWaiters counts the sessions waiting for the table lock of session holder
-// (holdTableLock): pg_blocking_pids on PostgreSQL; on MySQL, which shows metadata
-// lock waits in the processlist state only, the sessions of the current database in
-// that state (performance_schema.processlist; information_schema.PROCESSLIST on
-// MariaDB, see testdb.Running).
+// tableLockWaiters is testdb.TableLockWaiters, failing the test on error.
 func tableLockWaiters(ctx context.Context, t testing.TB, admin *sql.DB, d sqllock.Dialect, holder int64) int {
 	t.Helper()
-	if d == sqllock.Postgres {
-		n, err := testdb.BlockedBy(ctx, admin, d, holder)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
-	f, err := testdb.FlavorOf(ctx, admin, d)
+	n, err := testdb.TableLockWaiters(ctx, admin, d, holder)
 	if err != nil {
-		t.Fatal(err)
-	}
-	table := "performance_schema.processlist"
-	if f == testdb.FlavorMariaDB {
-		table = "information_schema.PROCESSLIST"
-	}
-	var n int
-	if err := admin.QueryRowContext(ctx, "SELECT COUNT(*) FROM "+table+
-		" WHERE DB = DATABASE() AND ID <> CONNECTION_ID() AND STATE = 'Waiting for table metadata lock'").Scan(&n); err != nil {
 		t.Fatal(err)
 	}
 	return n

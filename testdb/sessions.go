@@ -63,18 +63,47 @@ func Running(ctx context.Context, db *sql.DB, d sqllock.Dialect, substr string) 
 	pattern := "%" + strings.NewReplacer(`\`, `\\`, "%", `\%`, "_", `\_`).Replace(substr) + "%"
 	q := `SELECT count(*) FROM pg_stat_activity WHERE pid <> pg_backend_pid() AND state = 'active' AND query LIKE $1`
 	if d == sqllock.MySQL {
-		f, err := FlavorOf(ctx, db, d)
+		table, err := processlist(ctx, db)
 		if err != nil {
 			return 0, err
-		}
-		table := "performance_schema.processlist"
-		if f == FlavorMariaDB {
-			table = "information_schema.PROCESSLIST"
 		}
 		q = "SELECT COUNT(*) FROM " + table + " WHERE ID <> CONNECTION_ID() AND COMMAND <> 'Sleep' AND INFO LIKE ?"
 	}
 	var n int
 	err := db.QueryRowContext(ctx, q, pattern).Scan(&n)
+	return n, err
+}
+
+// processlist is the processlist table to read on the MySQL server behind db:
+// performance_schema.processlist on MySQL (information_schema.PROCESSLIST fails
+// there, error 3854, while any session runs a statement that is not valid utf8mb3),
+// information_schema.PROCESSLIST on MariaDB, which has no such table.
+func processlist(ctx context.Context, db *sql.DB) (string, error) {
+	f, err := FlavorOf(ctx, db, sqllock.MySQL)
+	if err != nil {
+		return "", err
+	}
+	if f == FlavorMariaDB {
+		return "information_schema.PROCESSLIST", nil
+	}
+	return "performance_schema.processlist", nil
+}
+
+// TableLockWaiters counts the sessions waiting for a table lock (a DDL statement,
+// LOCK TABLE(S)): on PostgreSQL those that session holder blocks (pg_blocking_pids,
+// as BlockedBy); on MySQL, which shows a metadata lock wait in the processlist state
+// only, every session of db's current database in that state (holder is not used).
+func TableLockWaiters(ctx context.Context, db *sql.DB, d sqllock.Dialect, holder int64) (int, error) {
+	if d == sqllock.Postgres {
+		return BlockedBy(ctx, db, d, holder)
+	}
+	table, err := processlist(ctx, db)
+	if err != nil {
+		return 0, err
+	}
+	var n int
+	err = db.QueryRowContext(ctx, "SELECT COUNT(*) FROM "+table+
+		" WHERE DB = DATABASE() AND ID <> CONNECTION_ID() AND STATE = 'Waiting for table metadata lock'").Scan(&n)
 	return n, err
 }
 
