@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"strings"
 	"testing"
 	"time"
 
@@ -14,64 +13,23 @@ import (
 	"github.com/sqllock/sqllock/testdb"
 )
 
-// lockWaits is the table of InnoDB lock waits with its requesting and blocking
-// transaction id columns: information_schema.INNODB_LOCK_WAITS on MariaDB, which
-// MySQL 8.0 replaced by performance_schema.data_lock_waits.
-func lockWaits(t testing.TB, admin *sql.DB) (table, requesting, blocking string) {
-	t.Helper()
-	var v string
-	if err := admin.QueryRowContext(testdb.Context(t, 30*time.Second), "SELECT VERSION()").Scan(&v); err != nil {
-		t.Fatal(err)
-	}
-	if strings.Contains(strings.ToLower(v), "mariadb") {
-		return "information_schema.INNODB_LOCK_WAITS", "requesting_trx_id", "blocking_trx_id"
-	}
-	return "performance_schema.data_lock_waits", "REQUESTING_ENGINE_TRANSACTION_ID", "BLOCKING_ENGINE_TRANSACTION_ID"
-}
-
-// blockedBy counts the sessions waiting for a lock held by session holder.
-func blockedBy(t testing.TB, admin *sql.DB, d sqllock.Dialect, holder int64) int {
-	t.Helper()
-	var q string
-	if d == sqllock.MySQL {
-		table, _, blocking := lockWaits(t, admin)
-		q = `SELECT COUNT(*) FROM ` + table + ` w
-JOIN information_schema.INNODB_TRX t ON t.trx_id = w.` + blocking + `
-WHERE t.trx_mysql_thread_id = ?`
-	}
-	if d == sqllock.Postgres {
-		q = `SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))`
-	}
-	var n int
-	if err := admin.QueryRowContext(testdb.Context(t, 30*time.Second), q, holder).Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	return n
-}
-
-// waitBlocked waits until want sessions are blocked by holder, or fails after limit.
+// waitBlocked waits until want sessions are blocked by holder (testdb.BlockedBy),
+// or fails after limit, listing the MySQL sessions that wait.
 func waitBlocked(t testing.TB, admin *sql.DB, d sqllock.Dialect, holder int64, want int, limit time.Duration) time.Duration {
 	t.Helper()
+	ctx := testdb.Context(t, limit+30*time.Second)
 	start := time.Now()
 	for {
-		n := blockedBy(t, admin, d, holder)
+		n, err := testdb.BlockedBy(ctx, admin, d, holder)
+		if err != nil {
+			t.Fatal(err)
+		}
 		if n == want {
 			return time.Since(start)
 		}
 		if time.Since(start) > limit {
 			if d == sqllock.MySQL {
-				table, requesting, _ := lockWaits(t, admin)
-				rows, err := admin.Query("SELECT r.trx_mysql_thread_id, r.trx_state, r.trx_started, r.trx_query FROM " + table +
-					" w JOIN information_schema.INNODB_TRX r ON r.trx_id = w." + requesting)
-				if err != nil {
-					t.Fatal(err)
-				}
-				for rows.Next() {
-					var a, b, c, e any
-					rows.Scan(&a, &b, &c, &e)
-					t.Logf("waiting: %v %s %s %s", a, b, c, e)
-				}
-				rows.Close()
+				logWaiting(ctx, t, admin)
 			}
 			t.Fatalf("%d sessions blocked by the holder after %v, want %d", n, limit, want)
 		}
@@ -82,6 +40,29 @@ func waitBlocked(t testing.TB, admin *sql.DB, d sqllock.Dialect, holder int64, w
 			pause = 150 * time.Millisecond
 		}
 		time.Sleep(pause)
+	}
+}
+
+// logWaiting logs the MySQL transactions that wait for a row lock:
+// information_schema.INNODB_LOCK_WAITS on MariaDB, which MySQL 8.0 replaced by
+// performance_schema.data_lock_waits.
+func logWaiting(ctx context.Context, t testing.TB, admin *sql.DB) {
+	t.Helper()
+	table, requesting := "performance_schema.data_lock_waits", "REQUESTING_ENGINE_TRANSACTION_ID"
+	if f, err := testdb.FlavorOf(ctx, admin, sqllock.MySQL); err == nil && f == testdb.FlavorMariaDB {
+		table, requesting = "information_schema.INNODB_LOCK_WAITS", "requesting_trx_id"
+	}
+	rows, err := admin.QueryContext(ctx, "SELECT r.trx_mysql_thread_id, r.trx_state, r.trx_started, r.trx_query FROM "+table+
+		" w JOIN information_schema.INNODB_TRX r ON r.trx_id = w."+requesting)
+	if err != nil {
+		t.Log(err)
+		return
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var a, b, c, e any
+		rows.Scan(&a, &b, &c, &e)
+		t.Logf("waiting: %v %s %s %s", a, b, c, e)
 	}
 }
 
