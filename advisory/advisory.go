@@ -178,7 +178,8 @@ func New(db *sql.DB, d sqllock.Dialect, opts ...Option) (*Locker, error) {
 		myRun: myRun, myDraw: myRun.Draw(),
 		pins:  pins,
 		pgSQL: pgStatementsFor(cfg.Timing.TTL, cfg.token),
-		guard: cfg.Guard(db, d, "advisory", true),
+		// Tokens on MySQL are drawn from the MEMORY table sqllock_run.
+		guard: cfg.Guard(db, d, "advisory", deploy.Needs{OneNode: true, MemoryTable: cfg.token && d == sqllock.MySQL}),
 	}, nil
 }
 

@@ -206,7 +206,7 @@ func New(db *sql.DB, d sqllock.Dialect, opts ...Option) (*Locker, error) {
 		db: db, dialect: d, cfg: cfg, waiters: make(chan struct{}, cfg.maxWaiters),
 		pins: pin.New(db, d, cfg.Timing.TTL, cfg.Logger),
 		pg:   newPgStatements(cfg.Timing.TTL, !cfg.noToken), myMaria: newMyStatements(flavorMariaDB), myOracle: newMyStatements(flavorMySQL8),
-		guard: cfg.Guard(db, d, "forupdate", true),
+		guard: cfg.Guard(db, d, "forupdate", deploy.Needs{OneNode: true}),
 	}
 	if cfg.isolation != sql.LevelDefault {
 		l.txOpts = &sql.TxOptions{Isolation: cfg.isolation}

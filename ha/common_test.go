@@ -38,6 +38,8 @@ type lockerOpts struct {
 	ttl time.Duration
 	// poll, if set, is passed to the row strategies with WithPollInterval.
 	poll time.Duration
+	// noToken: advisory and forupdate with WithoutToken.
+	noToken bool
 }
 
 // closer is what the Lockers of this module have to stop their background work.
@@ -49,6 +51,7 @@ type optionSet[O any] struct {
 	singleWriter, requireSync func() O
 	logger                    func(*slog.Logger) O
 	ttl, poll                 func(time.Duration) O
+	noToken                   func() O
 }
 
 // build returns the options o asks for.
@@ -64,6 +67,7 @@ func (s optionSet[O]) build(o lockerOpts) []O {
 	add(o.logger != nil && s.logger != nil, func() O { return s.logger(o.logger) })
 	add(o.ttl != 0 && s.ttl != nil, func() O { return s.ttl(o.ttl) })
 	add(o.poll != 0 && s.poll != nil, func() O { return s.poll(o.poll) })
+	add(o.noToken, s.noToken)
 	return opts
 }
 
@@ -73,19 +77,19 @@ func newLocker(strategy string, db *sql.DB, d sqllock.Dialect, o lockerOpts) (sq
 	switch strategy {
 	case "uniqueindex":
 		return uniqueindex.New(db, d, optionSet[uniqueindex.Option]{nil, uniqueindex.WithRequireSyncReplication,
-			uniqueindex.WithLogger, uniqueindex.WithTTL, uniqueindex.WithPollInterval}.build(o)...)
+			uniqueindex.WithLogger, uniqueindex.WithTTL, uniqueindex.WithPollInterval, nil}.build(o)...)
 	case "optimistic":
 		return optimistic.New(db, d, optionSet[optimistic.Option]{nil, optimistic.WithRequireSyncReplication,
-			optimistic.WithLogger, optimistic.WithTTL, optimistic.WithPollInterval}.build(o)...)
+			optimistic.WithLogger, optimistic.WithTTL, optimistic.WithPollInterval, nil}.build(o)...)
 	case "fairqueue":
 		return fairqueue.New(db, d, optionSet[fairqueue.Option]{nil, fairqueue.WithRequireSyncReplication,
-			fairqueue.WithLogger, fairqueue.WithTTL, fairqueue.WithPollInterval}.build(o)...)
+			fairqueue.WithLogger, fairqueue.WithTTL, fairqueue.WithPollInterval, nil}.build(o)...)
 	case "forupdate":
 		return forupdate.New(db, d, optionSet[forupdate.Option]{forupdate.WithGaleraSingleWriter, forupdate.WithRequireSyncReplication,
-			forupdate.WithLogger, forupdate.WithTTL, nil}.build(o)...)
+			forupdate.WithLogger, forupdate.WithTTL, nil, forupdate.WithoutToken}.build(o)...)
 	case "advisory":
 		return advisory.New(db, d, optionSet[advisory.Option]{advisory.WithGaleraSingleWriter, nil,
-			advisory.WithLogger, advisory.WithTTL, nil}.build(o)...)
+			advisory.WithLogger, advisory.WithTTL, nil, advisory.WithoutToken}.build(o)...)
 	}
 	return nil, fmt.Errorf("unknown strategy %q", strategy)
 }
@@ -211,8 +215,14 @@ var (
 func migrate(t testing.TB, db *sql.DB, d sqllock.Dialect) {
 	t.Helper()
 	ctx := ctxFor(t, 2*time.Minute)
-	key := "galera"
-	if d == sqllock.Postgres {
+	var key string
+	if d == sqllock.MySQL {
+		// Galera is migrated through node 1, a Group Replication group through member
+		// 1: the server's address tells them apart.
+		if err := db.QueryRowContext(ctx, "SELECT CONCAT(@@hostname, ':', @@port)").Scan(&key); err != nil {
+			t.Fatalf("server address: %v", err)
+		}
+	} else {
 		// The lab may build a new pair from a copy of one data directory (same system
 		// identifier): the postmaster's start time tells the servers apart.
 		if err := db.QueryRowContext(ctx,
@@ -307,4 +317,12 @@ func galera(t testing.TB, lab *ha.Lab, n int) *sql.DB {
 	t.Helper()
 	migrate(t, lab.Open(t, "mysql", lab.GaleraDSN(1)), sqllock.MySQL)
 	return lab.Open(t, "mysql", lab.GaleraDSN(n))
+}
+
+// openGroupMember returns a pool on Group Replication member n, the group migrated
+// (through member 1).
+func openGroupMember(t testing.TB, g *ha.Group, n int) *sql.DB {
+	t.Helper()
+	migrate(t, ha.Open(t, "mysql", g.DSN(1)), sqllock.MySQL)
+	return ha.Open(t, "mysql", g.DSN(n))
 }

@@ -347,6 +347,7 @@ type hammerCell struct {
 	strategy string // a strategy, or advisory-tx (advisory.AcquireTx)
 	optIn    bool   // with WithGaleraSingleWriter
 	expect   string // "safe", "refused" or "measured" (logged only)
+	clean    bool   // safe, and no Acquire or Release may fail either
 }
 
 func (c hammerCell) label() string {
@@ -540,6 +541,9 @@ func runHammerCell(t *testing.T, top hammerTopology, c hammerCell, dur time.Dura
 		}
 		if refused != 0 {
 			t.Errorf("refused %d times; want no refusal here", refused)
+		}
+		if c.clean && len(errs) > 0 {
+			t.Errorf("errors %s; want none: a conflict the server resolved must be waited out, not returned", es)
 		}
 	case "refused":
 		if refused == 0 {

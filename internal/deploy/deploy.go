@@ -2,10 +2,12 @@
 // keep the strategy's promise, and refuses (sqllock.ErrUnsafeDeployment) or warns
 // where it cannot:
 //
-//   - a MariaDB Galera node (wsrep_on): GET_LOCK and row locks are local to the node,
-//     not the cluster, so two clients on two nodes both hold "the" lock. The
-//     server-local strategies (advisory, forupdate) refuse it unless the user states
-//     that every client reaches one writer node (Config.GaleraSingleWriter).
+//   - a MariaDB Galera node (wsrep_on), or a MySQL Group Replication member in
+//     multi-primary mode or a secondary of a single-primary group: GET_LOCK and row
+//     locks are local to the node, not the cluster, so two clients on two nodes both
+//     hold "the" lock. The server-local strategies (advisory, forupdate) refuse them
+//     unless the user states that every client reaches one writer node
+//     (Config.GaleraSingleWriter); the primary of a single-primary group is accepted.
 //   - a PostgreSQL primary with asynchronous standbys (pg_stat_replication rows, and
 //     no synchronous_standby_names or synchronous_commit off/local): a failover to a
 //     standby that missed the latest commits forgets leases and tokens, so a held name
@@ -34,14 +36,19 @@ import (
 // Needs is what a strategy needs from its database.
 type Needs struct {
 	// OneNode: the strategy's locks live in one server's memory or transactions
-	// (advisory, forupdate): refused on a Galera node unless SingleWriter.
+	// (advisory, forupdate): refused on a Galera node and on a Group Replication
+	// member that is not a single-primary group's primary, unless SingleWriter.
 	OneNode bool
 	// SingleWriter is the user's promise that every client of the lock reaches the
-	// same Galera node.
+	// same Galera node or Group Replication member.
 	SingleWriter bool
 	// RequireSync refuses a PostgreSQL primary with asynchronous standbys instead of
 	// warning.
 	RequireSync bool
+	// MemoryTable: the strategy writes a MEMORY table (advisory's tokens on MySQL),
+	// which Group Replication refuses (error 3098): refused on any member of a running
+	// group, whatever the promise.
+	MemoryTable bool
 }
 
 // Guard runs the check of one Locker. The zero value is not usable: use New.
@@ -87,7 +94,7 @@ func (g *Guard) Check(ctx context.Context) error {
 	}
 	var err error
 	if g.dialect == sqllock.MySQL {
-		err = g.checkGalera(ctx)
+		err = g.checkNodeLocal(ctx)
 	} else {
 		err = g.checkReplication(ctx)
 	}
@@ -115,31 +122,96 @@ type refusal struct{ reason string }
 func (r refusal) Error() string { return r.reason }
 func (refusal) Unwrap() error   { return sqllock.ErrUnsafeDeployment }
 
-// checkGalera reads wsrep_on (absent on Oracle MySQL and on MariaDB built without
-// wsrep: not Galera).
-func (g *Guard) checkGalera(ctx context.Context) error {
-	if !g.needs.OneNode {
+// nodeProbe reads the variables of the clusters whose locks are local to a node:
+// Galera's wsrep_on (MariaDB built with wsrep) and Group Replication's
+// group_replication_single_primary_mode (MySQL with the plugin loaded). A server
+// that has neither returns no row.
+const nodeProbe = "SHOW GLOBAL VARIABLES WHERE Variable_name IN ('wsrep_on', 'group_replication_single_primary_mode')"
+
+// memberProbe reads this server's state and role in its Group Replication group
+// (OFFLINE when Group Replication is not running).
+const memberProbe = "SELECT MEMBER_STATE, MEMBER_ROLE FROM performance_schema.replication_group_members WHERE MEMBER_ID = @@server_uuid"
+
+// checkNodeLocal refuses the clusters in which a server-local lock (GET_LOCK, a row
+// lock) held on one node does not exclude a client of another node: a Galera node,
+// and a MySQL Group Replication member in multi-primary mode (every member takes
+// writes) or a secondary of a single-primary group. The primary of a single-primary
+// group is accepted: clients that write all reach it.
+func (g *Guard) checkNodeLocal(ctx context.Context) error {
+	if !g.needs.OneNode && !g.needs.MemoryTable {
 		return nil
 	}
-	var name, value string
-	err := g.db.QueryRowContext(ctx, "SHOW GLOBAL VARIABLES LIKE 'wsrep_on'").Scan(&name, &value)
-	if errors.Is(err, sql.ErrNoRows) {
-		return nil
-	}
+	rows, err := g.db.QueryContext(ctx, nodeProbe)
 	if err != nil {
 		return err
 	}
-	if !strings.EqualFold(value, "ON") {
-		return nil
+	vars := map[string]string{}
+	for rows.Next() {
+		var name, value string
+		if err := rows.Scan(&name, &value); err != nil {
+			rows.Close()
+			return err
+		}
+		vars[strings.ToLower(name)] = value
 	}
-	if g.needs.SingleWriter {
-		g.log.Info("sqllock: Galera node accepted on the promise that every client of these locks uses this one writer node",
+	if err := rows.Close(); err != nil {
+		return err
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	accept := func(what string) error {
+		g.log.Info("sqllock: "+what+" accepted on the promise that every client of these locks uses this one writer node",
 			"strategy", g.strategy)
 		return nil
 	}
-	return Refusal(g.strategy + ": the server is a Galera node (wsrep_on=ON): its locks are local to the node, " +
-		"so clients on two nodes would both hold a lock; use uniqueindex, optimistic or fairqueue, " +
-		"or WithGaleraSingleWriter() if every client reaches the same writer node")
+	if g.needs.OneNode && strings.EqualFold(vars["wsrep_on"], "ON") {
+		if g.needs.SingleWriter {
+			return accept("Galera node")
+		}
+		return Refusal(g.strategy + ": the server is a Galera node (wsrep_on=ON): its locks are local to the node, " +
+			"so clients on two nodes would both hold a lock; use uniqueindex, optimistic or fairqueue, " +
+			"or WithGaleraSingleWriter() if every client reaches the same writer node")
+	}
+	mode, ok := vars["group_replication_single_primary_mode"]
+	if !ok {
+		return nil
+	}
+	multi := !strings.EqualFold(mode, "ON")
+	var state, role string
+	err = g.db.QueryRowContext(ctx, memberProbe).Scan(&state, &role)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return nil
+	case err != nil:
+		if !multi || ctx.Err() != nil || sqlerr.Is(err, sqlerr.SessionLost) || sqlerr.Is(err, sqlerr.Canceled) {
+			return err
+		}
+		// Configured for a multi-primary group, and its state cannot be read (no
+		// SELECT on performance_schema.replication_group_members): assume it runs.
+		state, role = "unknown ("+err.Error()+")", "PRIMARY"
+	case strings.EqualFold(state, "OFFLINE"):
+		return nil // Group Replication is not running: a server of its own
+	}
+	if g.needs.MemoryTable {
+		return Refusal(g.strategy + ": the server is a MySQL Group Replication member (state " + state +
+			"): fencing tokens are drawn from a MEMORY table (sqllock_run), to which Group Replication refuses writes; " +
+			"use WithoutToken(), or uniqueindex, optimistic or fairqueue, whose tokens are InnoDB rows")
+	}
+	if !multi && strings.EqualFold(role, "PRIMARY") {
+		return nil
+	}
+	if g.needs.SingleWriter {
+		return accept("Group Replication member")
+	}
+	why := "a member of a multi-primary group (group_replication_single_primary_mode=OFF): every member takes writes"
+	if !multi {
+		why = "a " + strings.ToLower(role) + " of a single-primary group, not its primary"
+	}
+	return Refusal(g.strategy + ": the server is a MySQL Group Replication member in state " + state + ", " + why +
+		"; its locks are local to the member, so clients on two members would both hold a lock; " +
+		"use uniqueindex, optimistic or fairqueue, connect to the group's primary in single-primary mode, " +
+		"or WithGaleraSingleWriter() if every client reaches the same member")
 }
 
 // replicationProbe reads what decides whether a commit survives a failover: the

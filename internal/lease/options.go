@@ -29,9 +29,11 @@ type Config struct {
 }
 
 // Guard returns the deployment check of a Locker of strategy on db under these
-// options; oneNode tells a strategy whose locks are local to one server.
-func (c *Config) Guard(db *sql.DB, d sqllock.Dialect, strategy string, oneNode bool) *deploy.Guard {
-	return deploy.New(db, d, strategy, deploy.Needs{OneNode: oneNode, SingleWriter: c.GaleraSingleWriter, RequireSync: c.RequireSync}, c.Logger)
+// options; needs tells what the strategy needs of the server (OneNode, MemoryTable),
+// the options add the user's promises and demands.
+func (c *Config) Guard(db *sql.DB, d sqllock.Dialect, strategy string, needs deploy.Needs) *deploy.Guard {
+	needs.SingleWriter, needs.RequireSync = c.GaleraSingleWriter, c.RequireSync
+	return deploy.New(db, d, strategy, needs, c.Logger)
 }
 
 // SetRequireSyncReplication refuses asynchronous standbys.

@@ -108,7 +108,7 @@ func New(strategy string, db *sql.DB, d sqllock.Dialect, cfg Config, channel str
 	return &Locker{
 		DB: db, Dialect: d, Cfg: cfg, Strategy: strategy, Host: host, PID: int64(os.Getpid()), Now: time.Now,
 		Hub: wait.NewHub(db, d, strategy, channel, cfg.Logger), Stmts: prep.New(db, d), id: id,
-		Guard: cfg.Guard(db, d, strategy, false),
+		Guard: cfg.Guard(db, d, strategy, deploy.Needs{}),
 	}
 }
 

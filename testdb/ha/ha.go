@@ -129,11 +129,12 @@ func Start(t testing.TB) *Lab {
 	return l
 }
 
-// Main runs m, then stops the lab if one was started: it terminates the container
-// (a local lab stays up). Call it from TestMain:
-// func TestMain(m *testing.M) { os.Exit(ha.Main(m)) }.
+// Main runs m, then stops the lab and the Group Replication lab if they were
+// started: it terminates their containers (a local lab stays up). Call it from
+// TestMain: func TestMain(m *testing.M) { os.Exit(ha.Main(m)) }.
 func Main(m *testing.M) int {
 	code := m.Run()
+	stopGroup()
 	labMu.Lock()
 	l := theLab
 	theLab, labErr = nil, errors.New("the lab was stopped by Main")
@@ -168,7 +169,7 @@ func start() (*Lab, error) {
 	defer cancel()
 	l := &Lab{ports: map[string]string{}}
 	if os.Getenv(EnvMode) == "local" {
-		script, err := findScript()
+		script, err := findFile(scriptPath)
 		if err != nil {
 			return nil, err
 		}
@@ -240,21 +241,21 @@ func dumpAndTerminate(ctr testcontainers.Container) error {
 	return nil
 }
 
-// findScript finds ha-lab in the repository above the working directory (a test
-// runs in its package's directory).
-func findScript() (string, error) {
+// findFile finds path (relative to the repository's root) in the repository above the
+// working directory (a test runs in its package's directory).
+func findFile(path string) (string, error) {
 	dir, err := os.Getwd()
 	if err != nil {
 		return "", err
 	}
 	for {
-		p := filepath.Join(dir, scriptPath)
+		p := filepath.Join(dir, path)
 		if _, err := os.Stat(p); err == nil {
 			return p, nil
 		}
 		parent := filepath.Dir(dir)
 		if parent == dir {
-			return "", fmt.Errorf("%s not found above the working directory", scriptPath)
+			return "", fmt.Errorf("%s not found above the working directory", path)
 		}
 		dir = parent
 	}
@@ -447,6 +448,12 @@ func (l *Lab) refresh(t testing.TB) {
 // up to 30 s (a server that just started or was promoted); the pool is closed when
 // the test ends.
 func (l *Lab) Open(t testing.TB, driver, dsn string) *sql.DB {
+	t.Helper()
+	return Open(t, driver, dsn)
+}
+
+// Open is Lab.Open for any of the labs' servers (a Group's members).
+func Open(t testing.TB, driver, dsn string) *sql.DB {
 	t.Helper()
 	db, err := sql.Open(driver, dsn)
 	if err != nil {
