@@ -96,7 +96,10 @@ func WithRequireSyncReplication() Option {
 // fails over only when that node is gone, which ends its sessions and so its locks).
 // Fencing tokens then cost a little more: Galera does not replicate the MEMORY table
 // that counts them, so every draw also checks the newest epoch recorded (see
-// Lease.Token).
+// Lease.Token). The same promise accepts a MySQL Group Replication member of a
+// multi-primary group or a secondary, which are refused the same way; with tokens,
+// no promise makes a group member acceptable (the group refuses writes to the
+// MEMORY table): combine it with WithoutToken there.
 func WithGaleraSingleWriter() Option {
 	return func(c *config) error { return c.SetGaleraSingleWriter() }
 }

@@ -71,7 +71,11 @@
 // On a MariaDB Galera node (wsrep_on=ON) GET_LOCK is local to the node: clients of
 // two nodes would both hold the lock. The Locker's first acquisition refuses with
 // sqllock.ErrUnsafeDeployment unless WithGaleraSingleWriter states that every client
-// reaches the same node.
+// reaches the same node. The same goes for a MySQL Group Replication member in
+// multi-primary mode and for a single-primary group's secondaries; its primary is
+// accepted. With tokens (the default) every member of a running group is refused,
+// promise or not: the tokens' MEMORY table takes no writes there (error 3098); use
+// WithoutToken on the primary.
 //
 // # Keys
 //

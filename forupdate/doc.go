@@ -69,7 +69,10 @@
 // certification aborts it (Release then returns an error matching ErrLost, nothing
 // committed). The Locker's first acquisition refuses such a node with
 // sqllock.ErrUnsafeDeployment unless WithGaleraSingleWriter states that every client
-// reaches the same node. On PostgreSQL with asynchronous standbys the Locker logs a
+// reaches the same node. The same goes for a MySQL Group Replication member in
+// multi-primary mode (measured there with the promise broken: 441 lost updates of
+// 1542) and for a single-primary group's secondaries; its primary is accepted. On
+// PostgreSQL with asynchronous standbys the Locker logs a
 // warning (tokens may repeat after a failover), or refuses with
 // WithRequireSyncReplication. A transaction-pooling proxy (pgbouncer
 // pool_mode=transaction) keeps a transaction on one server session: forupdate works

@@ -136,6 +136,9 @@ func WithRequireSyncReplication() Option {
 // lock. The option is your promise that every client of these locks reaches the same
 // writer node (one node address, or a proxy that sends all writes to one node and
 // fails over only when that node is gone, which ends its sessions and so its locks).
+// The same promise accepts a MySQL Group Replication member of a multi-primary group
+// or a secondary, which are refused the same way (a single-primary group's primary
+// is accepted without it).
 func WithGaleraSingleWriter() Option {
 	return func(c *config) error { return c.SetGaleraSingleWriter() }
 }

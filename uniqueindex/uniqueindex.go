@@ -123,7 +123,9 @@
 // promotes the standby). An attempt the caller gave up on whose commit the server
 // finishes later (waiting for a synchronous standby that is away) deletes its row
 // once the server answers: no lease of an exited caller stays live. On a Galera
-// cluster the lease row is certified cluster-wide: safe from any node.
+// cluster, and in a MySQL Group Replication group (multi-primary too), the lease
+// row is certified cluster-wide: safe from any node (a certification conflict,
+// error 3101, is retried like a deadlock).
 //
 // # Cost
 //

@@ -20,9 +20,12 @@
 // 5441 (primary) and 5442 (standby) until a Promote, pgbouncer on 6441 (transaction
 // pooling) and 6442 (session pooling), both pointing at the current primary.
 //
-// Without a lab (no engine, image missing), Start skips the test with a message
-// saying how to run it, except when the environment variable CI is "true": there it
-// fails.
+// StartGroup gives tests a second lab: a MySQL Group Replication group of two
+// members in multi-primary mode (Oracle MySQL, gr-lab in sqllock-ci/mysql:9.7).
+//
+// Without a lab (no engine, image missing), Start and StartGroup skip the test with a
+// message saying how to run it, except when the environment variable CI is "true":
+// there they fail.
 package ha
 
 import (
