@@ -70,7 +70,25 @@ func TestGroupReplicationSinglePrimary(t *testing.T) {
 	g := ha.StartGroup(t)
 	m1, m2 := openGroupMember(t, g, 1), openGroupMember(t, g, 2)
 	ctx := ctxFor(t, 3*time.Minute)
-	members := []*sql.DB{m1, m2}
+	// A user that may not read performance_schema (where the member's state and role
+	// are): the check must not let it through where it would let grlab through.
+	if _, err := m1.ExecContext(ctx, "CREATE USER IF NOT EXISTS 'grplain'@'%' IDENTIFIED BY 'grplain'"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m1.ExecContext(ctx, "GRANT ALL ON locktest.* TO 'grplain'@'%'"); err != nil {
+		t.Fatal(err)
+	}
+	plain := func(n int) *sql.DB {
+		return ha.Open(t, "mysql", strings.Replace(g.DSN(n), "grlab:grlab@", "grplain:grplain@", 1))
+	}
+	var denied error
+	if err := plain(1).QueryRowContext(ctx, "SELECT COUNT(*) FROM performance_schema.replication_group_members").Scan(new(int)); err == nil {
+		t.Fatal("grplain reads performance_schema.replication_group_members; the test wants a user that cannot")
+	} else {
+		denied = err
+	}
+	t.Logf("grplain: %v", denied)
+	members := []*sql.DB{m1, m2, plain(1), plain(2)}
 	check := func(t *testing.T, i int, strategy string, noToken bool) error {
 		t.Helper()
 		l := mustLocker(t, strategy, members[i], sqllock.MySQL, lockerOpts{noToken: noToken})
@@ -139,18 +157,21 @@ func TestGroupReplicationSinglePrimary(t *testing.T) {
 		strategy string
 		noToken  bool
 	}{{"forupdate", false}, {"forupdate", true}, {"advisory", true}} {
-		if err := check(t, 0, c.strategy, c.noToken); err != nil {
-			t.Errorf("single-primary, member 1 (primary), %s (noToken %v): %v; want it accepted", c.strategy, c.noToken, err)
-		}
-		if err := check(t, 1, c.strategy, c.noToken); !isRefusal(err) {
-			t.Errorf("single-primary, member 2 (secondary), %s (noToken %v): %v; want a refusal (ErrUnsafeDeployment)", c.strategy, c.noToken, err)
+		for i := range members { // 0, 2: the primary (grlab, grplain); 1, 3: the secondary
+			err := check(t, i, c.strategy, c.noToken)
+			if i%2 == 0 && err != nil {
+				t.Errorf("single-primary, pool %d on the primary, %s (noToken %v): %v; want it accepted", i, c.strategy, c.noToken, err)
+			}
+			if i%2 == 1 && !isRefusal(err) {
+				t.Errorf("single-primary, pool %d on the secondary, %s (noToken %v): %v; want a refusal (ErrUnsafeDeployment)", i, c.strategy, c.noToken, err)
+			}
 		}
 	}
 	// advisory's tokens live in a MEMORY table, whose writes the group refuses: a
 	// refusal that names WithoutToken, on the primary too.
 	for i := range members {
 		if err := check(t, i, "advisory", false); !isRefusal(err) || !strings.Contains(err.Error(), "WithoutToken") {
-			t.Errorf("single-primary, member %d, advisory with tokens: %v; want a refusal naming WithoutToken", i+1, err)
+			t.Errorf("single-primary, pool %d, advisory with tokens: %v; want a refusal naming WithoutToken", i, err)
 		} else if i == 0 {
 			t.Logf("advisory with tokens on the primary: %v", err)
 		}
@@ -162,7 +183,7 @@ func TestGroupReplicationSinglePrimary(t *testing.T) {
 	for i := range members {
 		for _, strategy := range []string{"forupdate", "advisory"} {
 			if err := check(t, i, strategy, true); !isRefusal(err) {
-				t.Errorf("multi-primary, member %d, %s: %v; want a refusal (ErrUnsafeDeployment)", i+1, strategy, err)
+				t.Errorf("multi-primary, pool %d, %s: %v; want a refusal (ErrUnsafeDeployment)", i, strategy, err)
 			}
 		}
 	}

@@ -124,9 +124,9 @@ func (refusal) Unwrap() error   { return sqllock.ErrUnsafeDeployment }
 
 // nodeProbe reads the variables of the clusters whose locks are local to a node:
 // Galera's wsrep_on (MariaDB built with wsrep) and Group Replication's
-// group_replication_single_primary_mode (MySQL with the plugin loaded). A server
-// that has neither returns no row.
-const nodeProbe = "SHOW GLOBAL VARIABLES WHERE Variable_name IN ('wsrep_on', 'group_replication_single_primary_mode')"
+// group_replication_single_primary_mode (MySQL with the plugin loaded), and
+// super_read_only (on in a single-primary group's secondaries).
+const nodeProbe = "SHOW GLOBAL VARIABLES WHERE Variable_name IN ('wsrep_on', 'group_replication_single_primary_mode', 'super_read_only')"
 
 // memberProbe reads this server's state and role in its Group Replication group
 // (OFFLINE when Group Replication is not running).
@@ -184,12 +184,16 @@ func (g *Guard) checkNodeLocal(ctx context.Context) error {
 	case errors.Is(err, sql.ErrNoRows):
 		return nil
 	case err != nil:
-		if !multi || ctx.Err() != nil || sqlerr.Is(err, sqlerr.SessionLost) || sqlerr.Is(err, sqlerr.Canceled) {
+		if ctx.Err() != nil || sqlerr.Is(err, sqlerr.SessionLost) || sqlerr.Is(err, sqlerr.Canceled) {
 			return err
 		}
-		// Configured for a multi-primary group, and its state cannot be read (no
-		// SELECT on performance_schema.replication_group_members): assume it runs.
-		state, role = "unknown ("+err.Error()+")", "PRIMARY"
+		// The state cannot be read (no SELECT on
+		// performance_schema.replication_group_members): assume the group runs, and
+		// tell a single-primary group's secondary by its super_read_only.
+		state, role = "unknown (cannot read performance_schema.replication_group_members: "+err.Error()+")", "PRIMARY"
+		if !multi && strings.EqualFold(vars["super_read_only"], "ON") {
+			role = "SECONDARY"
+		}
 	case strings.EqualFold(state, "OFFLINE"):
 		return nil // Group Replication is not running: a server of its own
 	}
