@@ -123,9 +123,11 @@ func WithTelemetryNames() Option { return func(c *config) error { return c.SetTe
 
 // WithRequireSyncReplication makes the Locker refuse (an error matching
 // sqllock.ErrUnsafeDeployment from its first acquisition) a PostgreSQL primary whose
-// standbys replicate asynchronously, where a failover can forget granted leases and
-// repeat tokens. Without it the Locker logs one warning and goes on. No effect on
-// MySQL.
+// standbys replicate asynchronously, or a MySQL source whose replicas do (no
+// semi-synchronous replication, one that waits AFTER_COMMIT, or one fallen back to
+// asynchronous), where a failover can forget granted leases and repeat tokens; and a
+// server where it cannot tell (a MySQL user without the REPLICATION SLAVE privilege
+// cannot list the replicas). Without it the Locker logs one warning and goes on.
 func WithRequireSyncReplication() Option {
 	return func(c *config) error { return c.SetRequireSyncReplication() }
 }
@@ -138,7 +140,8 @@ func WithRequireSyncReplication() Option {
 // fails over only when that node is gone, which ends its sessions and so its locks).
 // The same promise accepts a MySQL Group Replication member of a multi-primary group
 // or a secondary, which are refused the same way (a single-primary group's primary
-// is accepted without it).
+// is accepted without it); a secondary is read-only, so forupdate's lock row cannot
+// be written there even then.
 func WithGaleraSingleWriter() Option {
 	return func(c *config) error { return c.SetGaleraSingleWriter() }
 }

@@ -88,7 +88,7 @@ func newLocker(strategy string, db *sql.DB, d sqllock.Dialect, o lockerOpts) (sq
 		return forupdate.New(db, d, optionSet[forupdate.Option]{forupdate.WithGaleraSingleWriter, forupdate.WithRequireSyncReplication,
 			forupdate.WithLogger, forupdate.WithTTL, nil, forupdate.WithoutToken}.build(o)...)
 	case "advisory":
-		return advisory.New(db, d, optionSet[advisory.Option]{advisory.WithGaleraSingleWriter, nil,
+		return advisory.New(db, d, optionSet[advisory.Option]{advisory.WithGaleraSingleWriter, advisory.WithRequireSyncReplication,
 			advisory.WithLogger, advisory.WithTTL, nil, advisory.WithoutToken}.build(o)...)
 	}
 	return nil, fmt.Errorf("unknown strategy %q", strategy)
@@ -321,8 +321,8 @@ func galera(t testing.TB, lab *ha.Lab, n int) *sql.DB {
 
 // openGroupMember returns a pool on Group Replication member n, the group migrated
 // (through member 1).
-func openGroupMember(t testing.TB, g *ha.Group, n int) *sql.DB {
+func openGroupMember(t testing.TB, l *ha.MySQLLab, n int) *sql.DB {
 	t.Helper()
-	migrate(t, ha.Open(t, "mysql", g.DSN(1)), sqllock.MySQL)
-	return ha.Open(t, "mysql", g.DSN(n))
+	migrate(t, ha.Open(t, "mysql", l.GroupDSN(1)), sqllock.MySQL)
+	return ha.Open(t, "mysql", l.GroupDSN(n))
 }

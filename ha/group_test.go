@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/sqllock/sqllock"
+	"github.com/sqllock/sqllock/internal/sqlerr"
 	"github.com/sqllock/sqllock/testdb/ha"
 )
 
@@ -22,7 +23,7 @@ import (
 // certified group-wide at commit: no lost update, no overlap, and no error either (a
 // certification conflict, error 3101, is waited out like a deadlock).
 func TestGroupReplication(t *testing.T) {
-	g := ha.StartGroup(t)
+	g := ha.StartMySQL(t)
 	m1, m2 := openGroupMember(t, g, 1), openGroupMember(t, g, 2)
 	ctx := ctxFor(t, time.Minute)
 
@@ -42,6 +43,11 @@ func TestGroupReplication(t *testing.T) {
 	if got != [2]int{1, 1} {
 		t.Fatalf("GET_LOCK(%q, 0) on members 1 and 2: %v; the lab's members should both grant it (member-local locks)", name, got)
 	}
+	// The reason advisory with tokens refuses every member: its MEMORY table takes no
+	// writes in a group.
+	if _, err := m1.ExecContext(ctx, "UPDATE sqllock_run SET v = v"); !sqlerr.IsCode(err, "3098") {
+		t.Fatalf("a write to the MEMORY table sqllock_run on member 1: %v; want error 3098 (the group refuses non-InnoDB writes)", err)
+	}
 
 	cells := []hammerCell{
 		{strategy: "uniqueindex", expect: "safe", clean: true},
@@ -51,10 +57,11 @@ func TestGroupReplication(t *testing.T) {
 		{strategy: "advisory", expect: "refused"},
 		{strategy: "forupdate", optIn: true, expect: "measured"},
 		// advisory's tokens live in a MEMORY table, which the group refuses: no
-		// promise makes them work.
+		// promise makes them work; without tokens the promise is accepted.
 		{strategy: "advisory", optIn: true, expect: "refused"},
+		{strategy: "advisory-notoken", optIn: true, expect: "measured"},
 	}
-	top := hammerTopology{name: "group-replication", driver: "mysql", dsn: [2]string{g.DSN(1), g.DSN(2)}, db: m1, dbNode: m2, cells: cells}
+	top := hammerTopology{name: "group-replication", driver: "mysql", dsn: [2]string{g.GroupDSN(1), g.GroupDSN(2)}, db: m1, dbNode: m2, cells: cells}
 	var summary []string
 	for _, c := range top.cells {
 		t.Run(c.label(), func(t *testing.T) { summary = append(summary, runHammerCell(t, top, c, hammerDuration)) })
@@ -67,7 +74,7 @@ func TestGroupReplication(t *testing.T) {
 // it) and the secondary refused; back in multi-primary mode both members are
 // refused again. Each check is a new Locker (a Locker keeps its answer).
 func TestGroupReplicationSinglePrimary(t *testing.T) {
-	g := ha.StartGroup(t)
+	g := ha.StartMySQL(t)
 	m1, m2 := openGroupMember(t, g, 1), openGroupMember(t, g, 2)
 	ctx := ctxFor(t, 3*time.Minute)
 	// A user that may not read performance_schema (where the member's state and role
@@ -79,7 +86,7 @@ func TestGroupReplicationSinglePrimary(t *testing.T) {
 		t.Fatal(err)
 	}
 	plain := func(n int) *sql.DB {
-		return ha.Open(t, "mysql", strings.Replace(g.DSN(n), "grlab:grlab@", "grplain:grplain@", 1))
+		return ha.Open(t, "mysql", strings.Replace(g.GroupDSN(n), "grlab:grlab@", "grplain:grplain@", 1))
 	}
 	var denied error
 	if err := plain(1).QueryRowContext(ctx, "SELECT COUNT(*) FROM performance_schema.replication_group_members").Scan(new(int)); err == nil {

@@ -100,14 +100,14 @@ func TestHelperHammer(t *testing.T) {
 		fail(err)
 	}
 	defer db.Close()
-	base := strategy
+	base, noToken := strings.CutSuffix(strategy, "-notoken") // advisory-notoken: WithoutToken
 	if strategy == "advisory-tx" {
 		base = "advisory"
 	}
 	// Waiters of the row strategies in the other process poll (on MySQL, and behind
 	// pgbouncer in transaction mode, where NOTIFY does not reach them): every 20 ms at
 	// most, so that both processes get the lock often.
-	l, err := newLocker(base, db, d, lockerOpts{singleWriter: os.Getenv(hammerOptInEnv) == "1", poll: 20 * time.Millisecond})
+	l, err := newLocker(base, db, d, lockerOpts{singleWriter: os.Getenv(hammerOptInEnv) == "1", poll: 20 * time.Millisecond, noToken: noToken})
 	if err != nil {
 		fail(err)
 	}
@@ -344,7 +344,7 @@ func overlaps(a, b [][2]int64) int {
 
 // hammerCell is one strategy on one topology.
 type hammerCell struct {
-	strategy string // a strategy, or advisory-tx (advisory.AcquireTx)
+	strategy string // a strategy, advisory-tx (advisory.AcquireTx) or advisory-notoken (WithoutToken)
 	optIn    bool   // with WithGaleraSingleWriter
 	expect   string // "safe", "refused" or "measured" (logged only)
 	clean    bool   // safe, and no Acquire or Release may fail either

@@ -54,8 +54,9 @@
 // again.
 //
 // The Locker checks it before its first acquisition: on a PostgreSQL primary whose
-// standbys replicate asynchronously it logs one warning, or refuses with
-// sqllock.ErrUnsafeDeployment under WithRequireSyncReplication. With a synchronous
+// standbys replicate asynchronously, and on a MySQL source whose replicas do (no
+// lossless semi-synchronous replication in force), it logs one warning, or refuses
+// with sqllock.ErrUnsafeDeployment under WithRequireSyncReplication. With a synchronous
 // standby a failover keeps leases and tokens (the ha suite kills the primary and
 // promotes the standby). An attempt the caller gave up on whose commit the server
 // finishes later (waiting for a synchronous standby that is away) deletes its row

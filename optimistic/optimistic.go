@@ -68,9 +68,11 @@ func WithTelemetryNames() Option {
 
 // WithRequireSyncReplication makes the Locker refuse (an error matching
 // sqllock.ErrUnsafeDeployment from its first acquisition) a PostgreSQL primary whose
-// standbys replicate asynchronously, where a failover can forget granted leases and
-// repeat tokens. Without it the Locker logs one warning and goes on. No effect on
-// MySQL.
+// standbys replicate asynchronously, or a MySQL source whose replicas do (no
+// semi-synchronous replication, one that waits AFTER_COMMIT, or one fallen back to
+// asynchronous), where a failover can forget granted leases and repeat tokens; and a
+// server where it cannot tell (a MySQL user without the REPLICATION SLAVE privilege
+// cannot list the replicas). Without it the Locker logs one warning and goes on.
 func WithRequireSyncReplication() Option {
 	return func(c *rowlease.Config) error { return c.SetRequireSyncReplication() }
 }

@@ -117,8 +117,9 @@
 // token. Use synchronous replication where that matters.
 //
 // The Locker checks it before its first acquisition: on a PostgreSQL primary whose
-// standbys replicate asynchronously it logs one warning, or refuses with
-// sqllock.ErrUnsafeDeployment under WithRequireSyncReplication. With a synchronous
+// standbys replicate asynchronously, and on a MySQL source whose replicas do (no
+// lossless semi-synchronous replication in force), it logs one warning, or refuses
+// with sqllock.ErrUnsafeDeployment under WithRequireSyncReplication. With a synchronous
 // standby a failover keeps leases and tokens (the ha suite kills the primary and
 // promotes the standby). An attempt the caller gave up on whose commit the server
 // finishes later (waiting for a synchronous standby that is away) deletes its row
@@ -213,9 +214,11 @@ func WithTelemetryNames() Option {
 
 // WithRequireSyncReplication makes the Locker refuse (an error matching
 // sqllock.ErrUnsafeDeployment from its first acquisition) a PostgreSQL primary whose
-// standbys replicate asynchronously, where a failover can forget granted leases and
-// repeat tokens. Without it the Locker logs one warning and goes on. No effect on
-// MySQL.
+// standbys replicate asynchronously, or a MySQL source whose replicas do (no
+// semi-synchronous replication, one that waits AFTER_COMMIT, or one fallen back to
+// asynchronous), where a failover can forget granted leases and repeat tokens; and a
+// server where it cannot tell (a MySQL user without the REPLICATION SLAVE privilege
+// cannot list the replicas). Without it the Locker logs one warning and goes on.
 func WithRequireSyncReplication() Option {
 	return func(c *rowlease.Config) error { return c.SetRequireSyncReplication() }
 }

@@ -8,16 +8,25 @@
 //     hold "the" lock. The server-local strategies (advisory, forupdate) refuse them
 //     unless the user states that every client reaches one writer node
 //     (Config.GaleraSingleWriter); the primary of a single-primary group is accepted.
+//
 //   - a PostgreSQL primary with asynchronous standbys (pg_stat_replication rows, and
 //     no synchronous_standby_names or synchronous_commit off/local): a failover to a
 //     standby that missed the latest commits forgets leases and tokens, so a held name
 //     is granted again and tokens repeat. Every strategy logs one warning per Locker;
 //     with Config.RequireSyncReplication it refuses instead.
 //
-// The check runs before the first acquisition's own statement (one round trip, once
-// per Locker; a probe cut short by the caller's ctx or a lost connection runs again
-// next time) and its outcome is kept for the Locker's life: a deployment changed
-// later (a standby added, wsrep switched) is not noticed until a new Locker is made.
+//   - a MySQL source whose replicas replicate asynchronously (SHOW REPLICAS lists
+//     some, and semi-synchronous replication is off, waits AFTER_COMMIT, or has
+//     fallen back to asynchronous): the same failover hazard, warned of or refused as
+//     on PostgreSQL.
+//
+// The check runs before the first acquisition's own statement, once per Locker: one
+// round trip on PostgreSQL and on a MySQL server without a binary log, Galera or Group
+// Replication; one more to list a MySQL source's replicas, one to read a Group
+// Replication member's state, one to read whether semi-synchronous replication is in
+// force. A probe cut short by the caller's ctx or a lost connection runs again next
+// time; the outcome is kept for the Locker's life: a deployment changed later (a
+// standby added, wsrep switched) is not noticed until a new Locker is made.
 package deploy
 
 import (
@@ -74,7 +83,10 @@ func New(db *sql.DB, d sqllock.Dialect, strategy string, needs Needs, log *slog.
 // failed during the probe, that error (the probe then runs again on the next call).
 // A probe the server refuses (no privilege on a view, a server without it) counts as
 // an answer: one warning, and the Locker goes on (or, with RequireSync, refuses: it
-// cannot tell). After the answer it sends no SQL. Callers wait for a probe under way
+// cannot tell); two are answered otherwise: a MySQL user who may not list the
+// replicas is told so at Info level (most application users may not), and a Group
+// Replication member whose state the user may not read is taken for a running
+// member. After the answer it sends no SQL. Callers wait for a probe under way
 // only as long as their ctx lets them.
 func (g *Guard) Check(ctx context.Context) error {
 	if g == nil {
@@ -94,7 +106,7 @@ func (g *Guard) Check(ctx context.Context) error {
 	}
 	var err error
 	if g.dialect == sqllock.MySQL {
-		err = g.checkNodeLocal(ctx)
+		err = g.checkMySQL(ctx)
 	} else {
 		err = g.checkReplication(ctx)
 	}
@@ -102,7 +114,7 @@ func (g *Guard) Check(ctx context.Context) error {
 		if ctx.Err() != nil || sqlerr.Is(err, sqlerr.SessionLost) || sqlerr.Is(err, sqlerr.Canceled) {
 			return fmt.Errorf("checking the deployment: %w", err)
 		}
-		if g.needs.RequireSync && g.dialect == sqllock.Postgres {
+		if g.needs.RequireSync {
 			err = Refusal(g.strategy + ": cannot tell whether the standbys replicate synchronously (WithRequireSyncReplication): " + err.Error())
 		} else {
 			g.log.Warn("sqllock: could not check the deployment; going on without the check", "strategy", g.strategy, "err", err)
@@ -122,11 +134,16 @@ type refusal struct{ reason string }
 func (r refusal) Error() string { return r.reason }
 func (refusal) Unwrap() error   { return sqllock.ErrUnsafeDeployment }
 
-// nodeProbe reads the variables of the clusters whose locks are local to a node:
-// Galera's wsrep_on (MariaDB built with wsrep) and Group Replication's
-// group_replication_single_primary_mode (MySQL with the plugin loaded), and
-// super_read_only (on in a single-primary group's secondaries).
-const nodeProbe = "SHOW GLOBAL VARIABLES WHERE Variable_name IN ('wsrep_on', 'group_replication_single_primary_mode', 'super_read_only')"
+// mysqlProbe reads, in one round trip, the variables the MySQL checks need: those
+// of the clusters whose locks are local to a node, Galera's wsrep_on (MariaDB built
+// with wsrep) and Group Replication's group_replication_single_primary_mode (MySQL
+// with the plugin loaded), and super_read_only (on in a single-primary group's
+// secondaries); and those of binary log replication: log_bin, and semi-synchronous
+// replication's switch and wait point (MySQL 8.0.26+ names them source, MariaDB and
+// older MySQL master; absent where the plugin is not loaded); version tells MariaDB.
+const mysqlProbe = `SHOW GLOBAL VARIABLES WHERE Variable_name IN ('wsrep_on', 'group_replication_single_primary_mode', 'super_read_only',
+  'log_bin', 'version', 'rpl_semi_sync_source_enabled', 'rpl_semi_sync_master_enabled',
+  'rpl_semi_sync_source_wait_point', 'rpl_semi_sync_master_wait_point')`
 
 // memberProbe reads this server's state and role in its Group Replication group
 // (OFFLINE when Group Replication is not running).
@@ -137,28 +154,9 @@ const memberProbe = "SELECT MEMBER_STATE, MEMBER_ROLE FROM performance_schema.re
 // and a MySQL Group Replication member in multi-primary mode (every member takes
 // writes) or a secondary of a single-primary group. The primary of a single-primary
 // group is accepted: clients that write all reach it.
-func (g *Guard) checkNodeLocal(ctx context.Context) error {
+func (g *Guard) checkNodeLocal(ctx context.Context, vars map[string]string) error {
 	if !g.needs.OneNode && !g.needs.MemoryTable {
 		return nil
-	}
-	rows, err := g.db.QueryContext(ctx, nodeProbe)
-	if err != nil {
-		return err
-	}
-	vars := map[string]string{}
-	for rows.Next() {
-		var name, value string
-		if err := rows.Scan(&name, &value); err != nil {
-			rows.Close()
-			return err
-		}
-		vars[strings.ToLower(name)] = value
-	}
-	if err := rows.Close(); err != nil {
-		return err
-	}
-	if err := rows.Err(); err != nil {
-		return err
 	}
 	accept := func(what string) error {
 		g.log.Info("sqllock: "+what+" accepted on the promise that every client of these locks uses this one writer node",
@@ -179,7 +177,7 @@ func (g *Guard) checkNodeLocal(ctx context.Context) error {
 	}
 	multi := !strings.EqualFold(mode, "ON")
 	var state, role string
-	err = g.db.QueryRowContext(ctx, memberProbe).Scan(&state, &role)
+	err := g.db.QueryRowContext(ctx, memberProbe).Scan(&state, &role)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
 		return nil
@@ -210,12 +208,128 @@ func (g *Guard) checkNodeLocal(ctx context.Context) error {
 	}
 	why := "a member of a multi-primary group (group_replication_single_primary_mode=OFF): every member takes writes"
 	if !multi {
-		why = "a " + strings.ToLower(role) + " of a single-primary group, not its primary"
+		r := strings.ToLower(role)
+		if r == "" { // a member in state ERROR has no role
+			r = "member"
+		}
+		why = "a " + r + " of a single-primary group, not its primary"
 	}
 	return Refusal(g.strategy + ": the server is a MySQL Group Replication member in state " + state + ", " + why +
 		"; its locks are local to the member, so clients on two members would both hold a lock; " +
 		"use uniqueindex, optimistic or fairqueue, connect to the group's primary in single-primary mode, " +
 		"or WithGaleraSingleWriter() if every client reaches the same member")
+}
+
+// checkMySQL runs the MySQL checks: node-local locks (checkNodeLocal), then binary
+// log replication (checkBinlogReplication).
+func (g *Guard) checkMySQL(ctx context.Context) error {
+	vars, err := showVariables(ctx, g.db, mysqlProbe)
+	if err != nil {
+		return err
+	}
+	if err := g.checkNodeLocal(ctx, vars); err != nil {
+		return err
+	}
+	return g.checkBinlogReplication(ctx, vars)
+}
+
+// showVariables runs a SHOW VARIABLES or SHOW STATUS statement and returns its rows,
+// names in lower case.
+func showVariables(ctx context.Context, db *sql.DB, query string) (map[string]string, error) {
+	rows, err := db.QueryContext(ctx, query)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	vars := map[string]string{}
+	for rows.Next() {
+		var name, value string
+		if err := rows.Scan(&name, &value); err != nil {
+			return nil, err
+		}
+		vars[strings.ToLower(name)] = value
+	}
+	return vars, rows.Err()
+}
+
+// checkBinlogReplication warns of (or, with RequireSync, refuses) a source whose
+// replicas replicate asynchronously: a failover to a replica that missed the last
+// commits forgets leases and repeats tokens, as on PostgreSQL. Replicas are counted
+// with SHOW REPLICAS (MySQL; SHOW SLAVE HOSTS on MariaDB and before MySQL 8.0.22),
+// which needs the REPLICATION SLAVE privilege (MariaDB: REPLICATION MASTER ADMIN);
+// without it the check cannot see them, says so once (Info), and refuses only under
+// RequireSync. Semi-synchronous replication that waits AFTER_SYNC (the replica has
+// the commit before anyone sees it) and is in force (not fallen back to asynchronous
+// after a timeout) is accepted.
+func (g *Guard) checkBinlogReplication(ctx context.Context, vars map[string]string) error {
+	if !strings.EqualFold(vars["log_bin"], "ON") {
+		return nil // no binary log: no replica
+	}
+	mariadb := strings.Contains(strings.ToLower(vars["version"]), "mariadb")
+	show := "SHOW REPLICAS"
+	if mariadb {
+		show = "SHOW SLAVE HOSTS"
+	}
+	replicas, err := countRows(ctx, g.db, show)
+	if err != nil && !mariadb && sqlerr.IsCode(err, "1064") { // before MySQL 8.0.22
+		replicas, err = countRows(ctx, g.db, "SHOW SLAVE HOSTS")
+	}
+	if err != nil {
+		if ctx.Err() != nil || sqlerr.Is(err, sqlerr.SessionLost) || sqlerr.Is(err, sqlerr.Canceled) || !sqlerr.IsCode(err, "1227") {
+			return err
+		}
+		if g.needs.RequireSync {
+			return Refusal(g.strategy + ": cannot tell whether replicas replicate synchronously (WithRequireSyncReplication): " + show + ": " + err.Error())
+		}
+		g.log.Info("sqllock: cannot see this server's replicas, so a failover to an asynchronous replica is not checked", "strategy", g.strategy, "err", err)
+		return nil
+	}
+	if replicas == 0 {
+		return nil
+	}
+	enabled, point := vars["rpl_semi_sync_source_enabled"], vars["rpl_semi_sync_source_wait_point"]
+	statusVar := "Rpl_semi_sync_source_status"
+	if _, ok := vars["rpl_semi_sync_source_enabled"]; !ok {
+		enabled, point, statusVar = vars["rpl_semi_sync_master_enabled"], vars["rpl_semi_sync_master_wait_point"], "Rpl_semi_sync_master_status"
+	}
+	var why string
+	switch {
+	case !strings.EqualFold(enabled, "ON"):
+		why = fmt.Sprintf("%d replica(s) replicate asynchronously (semi-synchronous replication is off)", replicas)
+	case !strings.EqualFold(point, "AFTER_SYNC"):
+		why = fmt.Sprintf("semi-synchronous replication waits %s: other sessions see a commit before a replica has it", point)
+	default:
+		status, err := showVariables(ctx, g.db, "SHOW GLOBAL STATUS WHERE Variable_name = '"+statusVar+"'")
+		if err != nil {
+			return err
+		}
+		if strings.EqualFold(status[strings.ToLower(statusVar)], "ON") {
+			return nil
+		}
+		why = fmt.Sprintf("semi-synchronous replication is enabled but not in force (%s=%s): it fell back to asynchronous, no semi-synchronous replica answered in time",
+			statusVar, status[strings.ToLower(statusVar)])
+	}
+	msg := g.strategy + ": MySQL source with asynchronous replication: " + why +
+		"; a failover to a replica that missed the latest commits would grant held locks again and repeat fencing tokens"
+	if g.needs.RequireSync {
+		return Refusal(msg)
+	}
+	g.log.Warn("sqllock: "+msg+" (WithRequireSyncReplication refuses instead)", "strategy", g.strategy)
+	return nil
+}
+
+// countRows runs query and counts its rows.
+func countRows(ctx context.Context, db *sql.DB, query string) (int, error) {
+	rows, err := db.QueryContext(ctx, query)
+	if err != nil {
+		return 0, err
+	}
+	defer rows.Close()
+	n := 0
+	for rows.Next() {
+		n++
+	}
+	return n, rows.Err()
 }
 
 // replicationProbe reads what decides whether a commit survives a failover: the

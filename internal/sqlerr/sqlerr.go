@@ -21,7 +21,7 @@ type Class int
 const (
 	Other          Class = iota
 	Duplicate            // unique violation: 23505, 1062
-	Deadlock             // 40P01, 1213, 3058 (user-level locks, MySQL 8 and later)
+	Deadlock             // 40P01, 1213, 3058 (user-level locks, MySQL 8 and later), 1180 carrying handler error 149
 	Serialization        // 40001; 3101 (a Group Replication certification conflict)
 	LockTimeout          // lock wait timed out or NOWAIT refused: 55P03, 1205, 3572
 	Canceled             // statement cancelled: 57014, 1317, 3024

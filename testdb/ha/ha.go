@@ -20,10 +20,11 @@
 // 5441 (primary) and 5442 (standby) until a Promote, pgbouncer on 6441 (transaction
 // pooling) and 6442 (session pooling), both pointing at the current primary.
 //
-// StartGroup gives tests a second lab: a MySQL Group Replication group of two
-// members in multi-primary mode (Oracle MySQL, gr-lab in sqllock-ci/mysql:9.7).
+// StartMySQL gives tests a second lab, of Oracle MySQL (mysql-lab in
+// sqllock-ci/mysql:9.7): a Group Replication group of two members in multi-primary
+// mode, and a source with one replica (asynchronous or semi-synchronous).
 //
-// Without a lab (no engine, image missing), Start and StartGroup skip the test with a
+// Without a lab (no engine, image missing), Start and StartMySQL skip the test with a
 // message saying how to run it, except when the environment variable CI is "true":
 // there they fail.
 package ha
@@ -132,12 +133,12 @@ func Start(t testing.TB) *Lab {
 	return l
 }
 
-// Main runs m, then stops the lab and the Group Replication lab if they were
+// Main runs m, then stops the lab and the Oracle MySQL lab if they were
 // started: it terminates their containers (a local lab stays up). Call it from
 // TestMain: func TestMain(m *testing.M) { os.Exit(ha.Main(m)) }.
 func Main(m *testing.M) int {
 	code := m.Run()
-	stopGroup()
+	stopMySQL()
 	labMu.Lock()
 	l := theLab
 	theLab, labErr = nil, errors.New("the lab was stopped by Main")
@@ -455,7 +456,7 @@ func (l *Lab) Open(t testing.TB, driver, dsn string) *sql.DB {
 	return Open(t, driver, dsn)
 }
 
-// Open is Lab.Open for any of the labs' servers (a Group's members).
+// Open is Lab.Open for any of the labs' servers (MySQLLab's).
 func Open(t testing.TB, driver, dsn string) *sql.DB {
 	t.Helper()
 	db, err := sql.Open(driver, dsn)

@@ -1,0 +1,94 @@
+//go:build ha
+
+package ha_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sqllock/sqllock"
+	"github.com/sqllock/sqllock/testdb/ha"
+)
+
+// TestMySQLReplication: on a MySQL source with one replica, every strategy's Locker
+// logs one warning (the replica replicates asynchronously, or semi-synchronously
+// waiting AFTER_COMMIT, or semi-synchronous replication is enabled but has fallen
+// back to asynchronous: a failover could forget leases and repeat tokens) or, with
+// WithRequireSyncReplication, refuses; with lossless semi-synchronous replication
+// (AFTER_SYNC, in force) it is silent and accepted. A user who may not list the
+// replicas (no REPLICATION SLAVE) gets no warning, and a refusal under
+// WithRequireSyncReplication: the Locker cannot tell.
+func TestMySQLReplication(t *testing.T) {
+	lab := ha.StartMySQL(t)
+	src := ha.Open(t, "mysql", lab.SourceDSN())
+	migrate(t, src, sqllock.MySQL)
+	ctx := ctxFor(t, 5*time.Minute)
+	for _, q := range []string{
+		"CREATE USER IF NOT EXISTS 'replplain'@'%' IDENTIFIED BY 'replplain'",
+		"GRANT ALL ON locktest.* TO 'replplain'@'%'",
+	} {
+		if _, err := src.ExecContext(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	plain := ha.Open(t, "mysql", strings.Replace(lab.SourceDSN(), "grlab:grlab@", "replplain:replplain@", 1))
+	if err := plain.QueryRowContext(ctx, "SHOW REPLICAS").Scan(); err == nil || !strings.Contains(err.Error(), "1227") {
+		t.Fatalf("SHOW REPLICAS as replplain: %v; the test wants a user that may not list the replicas", err)
+	}
+	t.Cleanup(func() { lab.SemiSync(t, "off") })
+
+	strategies := append(append([]string(nil), rowStrategies...), "forupdate", "advisory")
+	cycle := func(t *testing.T, l sqllock.Locker, name string) error {
+		t.Helper()
+		lease, err := l.Acquire(ctxFor(t, 30*time.Second), name)
+		if err != nil {
+			return err
+		}
+		if err := lease.Release(ctxFor(t, 30*time.Second)); err != nil {
+			t.Errorf("Release: %v", err)
+		}
+		return nil
+	}
+	for _, mode := range []string{"off", "after_commit", "fallback", "after_sync"} {
+		t.Run(mode, func(t *testing.T) {
+			lab.SemiSync(t, mode)
+			unsafe := mode != "after_sync"
+			for _, s := range strategies {
+				name := "ha-repl/" + mode + "/" + s
+				warns := &asyncWarnings{}
+				if err := cycle(t, mustLocker(t, s, src, sqllock.MySQL, lockerOpts{logger: warns.logger()}), name); err != nil {
+					t.Errorf("%s: %v; want the lock (a warning at most)", s, err)
+				}
+				want := int64(0)
+				if unsafe {
+					want = 1
+				}
+				if got := warns.count(); got != want {
+					t.Errorf("%s: %d warnings about asynchronous replication %q; want %d", s, got, warns.messages(), want)
+				} else if got == 1 && s == "uniqueindex" {
+					t.Logf("%s: %s", mode, warns.messages()[0])
+				}
+				err := cycle(t, mustLocker(t, s, src, sqllock.MySQL, lockerOpts{requireSync: true}), name)
+				if unsafe && !isRefusal(err) {
+					t.Errorf("%s with WithRequireSyncReplication: %v; want a refusal (ErrUnsafeDeployment)", s, err)
+				}
+				if !unsafe && err != nil {
+					t.Errorf("%s with WithRequireSyncReplication: %v; want the lock", s, err)
+				}
+
+				warns = &asyncWarnings{}
+				if err := cycle(t, mustLocker(t, s, plain, sqllock.MySQL, lockerOpts{logger: warns.logger()}), name); err != nil {
+					t.Errorf("%s as replplain: %v; want the lock", s, err)
+				}
+				if got := warns.count(); got != 0 {
+					t.Errorf("%s as replplain: warnings %q; want none (it cannot see the replicas)", s, warns.messages())
+				}
+				err = cycle(t, mustLocker(t, s, plain, sqllock.MySQL, lockerOpts{requireSync: true}), name)
+				if !isRefusal(err) || !strings.Contains(err.Error(), "cannot tell") {
+					t.Errorf("%s as replplain with WithRequireSyncReplication: %v; want a refusal saying it cannot tell", s, err)
+				}
+			}
+		})
+	}
+}
