@@ -309,13 +309,7 @@ func (g *Guard) checkBinlogReplication(ctx context.Context, vars map[string]stri
 		why = fmt.Sprintf("semi-synchronous replication is enabled but not in force (%s=%s): it fell back to asynchronous, no semi-synchronous replica answered in time",
 			statusVar, status[strings.ToLower(statusVar)])
 	}
-	msg := g.strategy + ": MySQL source with asynchronous replication: " + why +
-		"; a failover to a replica that missed the latest commits would grant held locks again and repeat fencing tokens"
-	if g.needs.RequireSync {
-		return Refusal(msg)
-	}
-	g.log.Warn("sqllock: "+msg+" (WithRequireSyncReplication refuses instead)", "strategy", g.strategy)
-	return nil
+	return g.asynchronous("MySQL source", "replica", why)
 }
 
 // countRows runs query and counts its rows.
@@ -364,8 +358,14 @@ func (g *Guard) checkReplication(ctx context.Context) error {
 	default:
 		return nil
 	}
-	msg := g.strategy + ": PostgreSQL primary with asynchronous replication: " + why +
-		"; a failover to a standby that missed the latest commits would grant held locks again and repeat fencing tokens"
+	return g.asynchronous("PostgreSQL primary", "standby", why)
+}
+
+// asynchronous refuses (RequireSync) or warns once of server, whose copies (standby,
+// replica) replicate asynchronously for the reason why.
+func (g *Guard) asynchronous(server, copy, why string) error {
+	msg := g.strategy + ": " + server + " with asynchronous replication: " + why +
+		"; a failover to a " + copy + " that missed the latest commits would grant held locks again and repeat fencing tokens"
 	if g.needs.RequireSync {
 		return Refusal(msg)
 	}

@@ -95,12 +95,58 @@ type Lab struct {
 	pgRole struct{ primary, standby string } // lab ports of the current primary and standby
 }
 
-var (
-	labOnce sync.Once
-	labMu   sync.Mutex
-	theLab  *Lab
-	labErr  error
-)
+// theLab is the HA lab of this test binary.
+var theLab once[Lab]
+
+// once is a lab started at most once per test binary, and stopped by Main.
+type once[L any] struct {
+	once sync.Once
+	mu   sync.Mutex
+	lab  *L
+	ctr  testcontainers.Container // the lab's container, if it has one
+	err  error
+}
+
+// get starts the lab with start on the first call and returns it; if it could not
+// start, it fails t (in CI, or in local mode) or skips it, with what and how to run
+// the lab in the message.
+func (o *once[L]) get(t testing.TB, start func() (*L, testcontainers.Container, error), what, how string) *L {
+	t.Helper()
+	o.once.Do(func() {
+		l, ctr, err := start()
+		o.mu.Lock()
+		o.lab, o.ctr, o.err = l, ctr, err
+		o.mu.Unlock()
+	})
+	o.mu.Lock()
+	l, err := o.lab, o.err
+	o.mu.Unlock()
+	if err != nil {
+		msg := fmt.Sprintf("ha: no %s: %v\n%s", what, err, how)
+		if os.Getenv("CI") == "true" || os.Getenv(EnvMode) == "local" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
+	return l
+}
+
+// stop terminates the lab's container, if it has one (a local lab stays up); later
+// gets fail.
+func (o *once[L]) stop(what string) {
+	o.mu.Lock()
+	ctr := o.ctr
+	o.lab, o.ctr, o.err = nil, nil, errors.New("the "+what+" was stopped by Main")
+	o.mu.Unlock()
+	if ctr == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := ctr.Terminate(ctx); err != nil {
+		fmt.Fprintf(os.Stderr, "ha: terminating the %s container: %v\n", what, err)
+	}
+}
 
 // Start returns the lab of this test binary, started once (later calls return the
 // same Lab); it fails t if it cannot start (outside CI, when no container engine or
@@ -113,24 +159,14 @@ var (
 // 127.0.0.1.
 func Start(t testing.TB) *Lab {
 	t.Helper()
-	labOnce.Do(func() {
+	return theLab.get(t, func() (*Lab, testcontainers.Container, error) {
 		l, err := start()
-		labMu.Lock()
-		theLab, labErr = l, err
-		labMu.Unlock()
-	})
-	labMu.Lock()
-	l, err := theLab, labErr
-	labMu.Unlock()
-	if err != nil {
-		msg := fmt.Sprintf("ha: no HA lab: %v\nBuild the image (.ci/images/build.sh %s) and run Docker, or run as root with %s=local.",
-			err, strings.TrimPrefix(image(), "sqllock-ci/"), EnvMode)
-		if os.Getenv("CI") == "true" || os.Getenv(EnvMode) == "local" {
-			t.Fatal(msg)
+		if err != nil {
+			return nil, nil, err
 		}
-		t.Skip(msg)
-	}
-	return l
+		return l, l.ctr, nil
+	}, "HA lab", fmt.Sprintf("Build the image (.ci/images/build.sh %s) and run Docker, or run as root with %s=local.",
+		strings.TrimPrefix(image(), "sqllock-ci/"), EnvMode))
 }
 
 // Main runs m, then stops the lab and the Oracle MySQL lab if they were
@@ -138,18 +174,8 @@ func Start(t testing.TB) *Lab {
 // TestMain: func TestMain(m *testing.M) { os.Exit(ha.Main(m)) }.
 func Main(m *testing.M) int {
 	code := m.Run()
-	stopMySQL()
-	labMu.Lock()
-	l := theLab
-	theLab, labErr = nil, errors.New("the lab was stopped by Main")
-	labMu.Unlock()
-	if l != nil && l.ctr != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		if err := l.ctr.Terminate(ctx); err != nil {
-			fmt.Fprintf(os.Stderr, "ha: terminating the lab container: %v\n", err)
-		}
-	}
+	theMySQL.stop("Oracle MySQL lab")
+	theLab.stop("lab")
 	return code
 }
 
@@ -185,37 +211,11 @@ func start() (*Lab, error) {
 			return nil, err
 		}
 	} else {
-		img := image()
-		var exposed []string
-		for _, p := range labPorts() {
-			exposed = append(exposed, p+"/tcp")
-		}
-		ctr, err := testcontainers.Run(ctx, img,
-			testcontainers.WithExposedPorts(exposed...),
-			testcontainers.WithWaitStrategyAndDeadline(startTimeout,
-				wait.ForLog("ha-lab: ready").WithStartupTimeout(startTimeout)),
-		)
+		ctr, host, mapped, err := runContainer(ctx, image(), labPorts(), "ha-lab: ready", startTimeout)
 		if err != nil {
-			err = fmt.Errorf("start container from %s: %w", img, err)
-			if ctr != nil {
-				err = errors.Join(err, dumpAndTerminate(ctr))
-			}
 			return nil, err
 		}
-		l.ctr = ctr
-		fail := func(err error) (*Lab, error) {
-			return nil, errors.Join(err, dumpAndTerminate(ctr))
-		}
-		if l.host, err = ctr.Host(ctx); err != nil {
-			return fail(fmt.Errorf("container host: %w", err))
-		}
-		for _, p := range labPorts() {
-			mapped, err := ctr.MappedPort(ctx, p+"/tcp")
-			if err != nil {
-				return fail(fmt.Errorf("mapped port %s: %w", p, err))
-			}
-			l.ports[p] = mapped.Port()
-		}
+		l.ctr, l.host, l.ports = ctr, host, mapped
 	}
 	if err := l.refreshRoles(ctx); err != nil {
 		if l.ctr != nil {
@@ -224,6 +224,44 @@ func start() (*Lab, error) {
 		return nil, err
 	}
 	return l, nil
+}
+
+// runContainer starts a container of img (opts: its command, environment), exposing
+// ports, and waits up to timeout for ready in its log. It returns the container,
+// the host its ports are mapped on and the mapping (port in the container -> port on
+// the host). A container that does not become ready is dumped and removed.
+func runContainer(ctx context.Context, img string, ports []string, ready string, timeout time.Duration,
+	opts ...testcontainers.ContainerCustomizer) (testcontainers.Container, string, map[string]string, error) {
+	var exposed []string
+	for _, p := range ports {
+		exposed = append(exposed, p+"/tcp")
+	}
+	ctr, err := testcontainers.Run(ctx, img, append(opts,
+		testcontainers.WithExposedPorts(exposed...),
+		testcontainers.WithWaitStrategyAndDeadline(timeout, wait.ForLog(ready).WithStartupTimeout(timeout)))...)
+	if err != nil {
+		err = fmt.Errorf("start container from %s: %w", img, err)
+		if ctr != nil {
+			err = errors.Join(err, dumpAndTerminate(ctr))
+		}
+		return nil, "", nil, err
+	}
+	fail := func(err error) (testcontainers.Container, string, map[string]string, error) {
+		return nil, "", nil, errors.Join(err, dumpAndTerminate(ctr))
+	}
+	host, err := ctr.Host(ctx)
+	if err != nil {
+		return fail(fmt.Errorf("container host: %w", err))
+	}
+	mapped := map[string]string{}
+	for _, p := range ports {
+		m, err := ctr.MappedPort(ctx, p+"/tcp")
+		if err != nil {
+			return fail(fmt.Errorf("mapped port %s: %w", p, err))
+		}
+		mapped[p] = m.Port()
+	}
+	return ctr, host, mapped, nil
 }
 
 // dumpAndTerminate prints the end of the container's log to stderr (why it did not

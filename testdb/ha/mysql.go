@@ -2,7 +2,6 @@ package ha
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -15,7 +14,6 @@ import (
 
 	"github.com/testcontainers/testcontainers-go"
 	tcexec "github.com/testcontainers/testcontainers-go/exec"
-	"github.com/testcontainers/testcontainers-go/wait"
 )
 
 // DefaultMySQLImage is the image of the Oracle MySQL lab when SQLLOCK_TEST_GR_IMAGE
@@ -61,12 +59,8 @@ type MySQLLab struct {
 	ctlMu  sync.Mutex
 }
 
-var (
-	mysqlOnce sync.Once
-	mysqlMu   sync.Mutex
-	theMySQL  *MySQLLab
-	mysqlErr  error
-)
+// theMySQL is the Oracle MySQL lab of this test binary.
+var theMySQL once[MySQLLab]
 
 // StartMySQL returns the Oracle MySQL lab of this test binary, started once; it
 // fails t if it cannot start (outside CI, when no container engine or image is
@@ -77,24 +71,14 @@ var (
 // stops it).
 func StartMySQL(t testing.TB) *MySQLLab {
 	t.Helper()
-	mysqlOnce.Do(func() {
+	return theMySQL.get(t, func() (*MySQLLab, testcontainers.Container, error) {
 		l, err := startMySQL()
-		mysqlMu.Lock()
-		theMySQL, mysqlErr = l, err
-		mysqlMu.Unlock()
-	})
-	mysqlMu.Lock()
-	l, err := theMySQL, mysqlErr
-	mysqlMu.Unlock()
-	if err != nil {
-		msg := fmt.Sprintf("ha: no Oracle MySQL lab: %v\nBuild the image (.ci/images/build.sh mysql:9.7) and run Docker, or run as root with %s=local and %s naming a root filesystem with Oracle MySQL.",
-			err, EnvMode, EnvMySQLRoot)
-		if os.Getenv("CI") == "true" || os.Getenv(EnvMode) == "local" {
-			t.Fatal(msg)
+		if err != nil {
+			return nil, nil, err
 		}
-		t.Skip(msg)
-	}
-	return l
+		return l, l.ctr, nil
+	}, "Oracle MySQL lab", fmt.Sprintf("Build the image (.ci/images/build.sh mysql:9.7) and run Docker, or run as root with %s=local and %s naming a root filesystem with Oracle MySQL.",
+		EnvMode, EnvMySQLRoot))
 }
 
 func (l *MySQLLab) dsn(i int) string {
@@ -183,51 +167,15 @@ func startMySQL() (*MySQLLab, error) {
 	if v := os.Getenv(EnvMySQLImage); v != "" {
 		img = v
 	}
-	var exposed []string
-	for _, p := range mysqlLabPorts {
-		exposed = append(exposed, p+"/tcp")
-	}
-	ctr, err := testcontainers.Run(ctx, img,
+	ctr, host, mapped, err := runContainer(ctx, img, mysqlLabPorts[:], "mysql-lab: ready", mysqlStartTimeout,
 		testcontainers.WithCmd("mysql-lab", "run"),
-		testcontainers.WithEnv(map[string]string{"GR_BIND": "0.0.0.0"}),
-		testcontainers.WithExposedPorts(exposed...),
-		testcontainers.WithWaitStrategyAndDeadline(mysqlStartTimeout,
-			wait.ForLog("mysql-lab: ready").WithStartupTimeout(mysqlStartTimeout)),
-	)
+		testcontainers.WithEnv(map[string]string{"GR_BIND": "0.0.0.0"}))
 	if err != nil {
-		err = fmt.Errorf("start container from %s: %w", img, err)
-		if ctr != nil {
-			err = errors.Join(err, dumpAndTerminate(ctr))
-		}
 		return nil, err
 	}
-	l := &MySQLLab{ctr: ctr}
-	fail := func(err error) (*MySQLLab, error) { return nil, errors.Join(err, dumpAndTerminate(ctr)) }
-	if l.host, err = ctr.Host(ctx); err != nil {
-		return fail(fmt.Errorf("container host: %w", err))
-	}
-	for i, p := range exposed {
-		mapped, err := ctr.MappedPort(ctx, p)
-		if err != nil {
-			return fail(fmt.Errorf("mapped port %s: %w", p, err))
-		}
-		l.ports[i] = mapped.Port()
+	l := &MySQLLab{ctr: ctr, host: host}
+	for i, p := range mysqlLabPorts {
+		l.ports[i] = mapped[p]
 	}
 	return l, nil
-}
-
-// stopMySQL terminates the lab's container, if this test binary started one.
-func stopMySQL() {
-	mysqlMu.Lock()
-	l := theMySQL
-	theMySQL, mysqlErr = nil, errors.New("the lab was stopped by Main")
-	mysqlMu.Unlock()
-	if l == nil || l.ctr == nil {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if err := l.ctr.Terminate(ctx); err != nil {
-		fmt.Fprintf(os.Stderr, "ha: terminating the MySQL lab container: %v\n", err)
-	}
 }
