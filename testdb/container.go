@@ -98,10 +98,21 @@ func startPostgres(ctx context.Context, image string) (dsn string, restart func(
 // on the Unix socket only, so the check cannot succeed before the real server
 // runs. MySQL 9's caching_sha2_password works over TCP without DSN changes.
 func startMySQL(ctx context.Context, image string) (dsn string, restart func(ctx context.Context, kill bool) (string, error), stop func(context.Context) error, err error) {
+	ctr, current, err := runMySQL(ctx, image)
+	if err != nil {
+		return "", nil, nil, err
+	}
+	return finish(ctx, "mysql", image, ctr, current)
+}
+
+// runMySQL starts a MySQL or MariaDB container from image (opts: more
+// customizers, such as the server's options) and returns it with the function that
+// tells its DSN.
+func runMySQL(ctx context.Context, image string, opts ...testcontainers.ContainerCustomizer) (testcontainers.Container, func(context.Context) (string, error), error) {
 	myDSN := func(host, port string) string {
 		return fmt.Sprintf("root:%s@tcp(%s)/%s", containerPassword, net.JoinHostPort(host, port), containerDatabase)
 	}
-	ctr, err := tcmysql.Run(ctx, image,
+	ctr, err := tcmysql.Run(ctx, image, append([]testcontainers.ContainerCustomizer{
 		tcmysql.WithUsername("root"),
 		tcmysql.WithPassword(containerPassword),
 		tcmysql.WithDatabase(containerDatabase),
@@ -111,13 +122,13 @@ func startMySQL(ctx context.Context, image string) (dsn string, restart func(ctx
 				return myDSN(host, port.Port()) + "?timeout=5s"
 			}).WithStartupTimeout(startupTimeout),
 		),
-	)
+	}, opts...)...)
 	if err != nil {
 		var c testcontainers.Container
 		if ctr != nil { // a typed nil must not become a non-nil interface
 			c = ctr
 		}
-		return "", nil, nil, startFailed("mysql", image, c, err)
+		return nil, nil, startFailed("mysql", image, c, err)
 	}
 	current := func(ctx context.Context) (string, error) {
 		host, port, err := endpoint(ctx, ctr, "3306/tcp")
@@ -126,7 +137,7 @@ func startMySQL(ctx context.Context, image string) (dsn string, restart func(ctx
 		}
 		return myDSN(host, port), nil
 	}
-	return finish(ctx, "mysql", image, ctr, current)
+	return ctr, current, nil
 }
 
 // endpoint returns the host and the mapped host port of the container's port.

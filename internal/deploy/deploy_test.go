@@ -7,6 +7,7 @@ import (
 	"database/sql"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/url"
 	"os"
@@ -153,4 +154,76 @@ func TestProbeRefusedByServer(t *testing.T) {
 	if err := g.Check(ctx); !errors.Is(err, sqllock.ErrUnsafeDeployment) || !errors.Is(err, sqllock.ErrInvalidOption) {
 		t.Fatalf("RequireSync without the view: %v", err)
 	}
+}
+
+// TestBinlogReplication: a MySQL source with a replica (containers of the binary's
+// MySQL image: MariaDB or Oracle MySQL) is warned of once, or refused under
+// RequireSync, while the replica replicates asynchronously, semi-synchronously
+// waiting AFTER_COMMIT, or semi-synchronously fallen back to asynchronous; with
+// lossless semi-synchronous replication in force (AFTER_SYNC) it is accepted
+// without a word. A user who may not list the replicas is told so at Info level,
+// not warned, and refused under RequireSync (the check cannot tell).
+func TestBinlogReplication(t *testing.T) {
+	p := testdb.StartReplicaPair(t)
+	ctx := testdb.Context(t, 5*time.Minute)
+	open := func(dsn string) *sql.DB {
+		db, err := sql.Open("mysql", dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { db.Close() })
+		return db
+	}
+	root := open(p.Source)
+	for _, q := range []string{
+		"CREATE USER 'deployplain'@'%' IDENTIFIED BY 'deployplain'",
+		"GRANT ALL ON test.* TO 'deployplain'@'%'",
+	} {
+		if _, err := root.ExecContext(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	u, err := mysqlDSNWithUser(p.Source, "deployplain", "deployplain")
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain := open(u)
+
+	check := func(db *sql.DB, needs deploy.Needs) (string, error) {
+		var logs syncBuffer
+		err := deploy.New(db, sqllock.MySQL, "test", needs, slog.New(slog.NewTextHandler(&logs, nil))).Check(ctx)
+		return logs.String(), err
+	}
+	for _, mode := range []string{"off", "after_commit", "fallback", "after_sync"} {
+		t.Run(mode, func(t *testing.T) {
+			p.SemiSync(t, mode)
+			unsafe := mode != "after_sync"
+			logs, err := check(root, deploy.Needs{})
+			warned := strings.Contains(logs, "level=WARN") && strings.Contains(logs, "asynchronous replication")
+			if err != nil || warned != unsafe {
+				t.Errorf("root: Check = %v, logs %q; want nil, warned %v", err, logs, unsafe)
+			}
+			_, err = check(root, deploy.Needs{RequireSync: true})
+			if unsafe != errors.Is(err, sqllock.ErrUnsafeDeployment) {
+				t.Errorf("root, RequireSync: Check = %v; want a refusal: %v", err, unsafe)
+			}
+			logs, err = check(plain, deploy.Needs{})
+			if err != nil || strings.Contains(logs, "level=WARN") || !strings.Contains(logs, "cannot see this server's replicas") {
+				t.Errorf("deployplain: Check = %v, logs %q; want nil and one Info line that it cannot see the replicas", err, logs)
+			}
+			_, err = check(plain, deploy.Needs{RequireSync: true})
+			if !errors.Is(err, sqllock.ErrUnsafeDeployment) || !strings.Contains(err.Error(), "cannot tell") {
+				t.Errorf("deployplain, RequireSync: Check = %v; want a refusal saying it cannot tell", err)
+			}
+		})
+	}
+}
+
+// mysqlDSNWithUser returns dsn (go-sql-driver format) with another user and password.
+func mysqlDSNWithUser(dsn, user, password string) (string, error) {
+	at := strings.Index(dsn, "@")
+	if at < 0 {
+		return "", fmt.Errorf("no user in DSN %q", dsn)
+	}
+	return user + ":" + password + dsn[at:], nil
 }

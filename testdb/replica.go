@@ -1,0 +1,258 @@
+package testdb
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sqllock/sqllock"
+	"github.com/testcontainers/testcontainers-go"
+)
+
+// ReplicaPair is a MySQL source with one replica, each in a container of the test
+// binary's MySQL image (MariaDB or Oracle MySQL), replicating from the source's
+// binary log position at the start (asynchronously until SemiSync says otherwise).
+// Both have root (the password in their DSNs) and the database test.
+type ReplicaPair struct {
+	// Source and Replica are go-sql-driver DSNs, as DSN's: root@tcp(host:port)/test.
+	Source, Replica string
+	src, rep        *sql.DB
+	mariadb         bool
+}
+
+// StartReplicaPair starts a ReplicaPair for t, removed when t ends. It needs
+// containers: with the MySQL DSN variable set (existing servers, no containers) it
+// skips t, saying so; in CI a pair that cannot start fails t.
+func StartReplicaPair(t testing.TB) *ReplicaPair {
+	t.Helper()
+	dsnVar, imageVar, image := envFor(sqllock.MySQL)
+	if os.Getenv(dsnVar) != "" {
+		t.Skipf("testdb: a source and replica need containers of the MySQL image; %s names an existing server", dsnVar)
+	}
+	if v := os.Getenv(imageVar); v != "" {
+		image = v
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	fail := func(err error) *ReplicaPair {
+		t.Helper()
+		msg := fmt.Sprintf("testdb: source and replica from %s: %v", image, err)
+		if CI() {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+		return nil
+	}
+	start := func(args ...string) (testcontainers.Container, string, error) {
+		ctr, current, err := runMySQL(ctx, image, testcontainers.WithCmd(append([]string{"mysqld"}, args...)...))
+		if err != nil {
+			return nil, "", err
+		}
+		t.Cleanup(func() { terminate(ctr) })
+		dsn, err := current(ctx)
+		return ctr, dsn, err
+	}
+	// Both start together: one container start is most of the time.
+	type started struct {
+		ctr testcontainers.Container
+		dsn string
+		err error
+	}
+	repc := make(chan started, 1)
+	go func() {
+		ctr, dsn, err := start("--server-id=2", "--log-bin=binlog")
+		repc <- started{ctr, dsn, err}
+	}()
+	srcCtr, srcDSN, err := start("--server-id=1", "--log-bin=binlog")
+	r := <-repc
+	if err = errors.Join(err, r.err); err != nil {
+		return fail(err)
+	}
+	p := &ReplicaPair{Source: srcDSN, Replica: r.dsn}
+	if p.src, err = open(sqllock.MySQL, srcDSN); err != nil {
+		return fail(err)
+	}
+	t.Cleanup(func() { p.src.Close() })
+	if p.rep, err = open(sqllock.MySQL, r.dsn); err != nil {
+		return fail(err)
+	}
+	t.Cleanup(func() { p.rep.Close() })
+	var version string
+	if err := p.src.QueryRowContext(ctx, "SELECT VERSION()").Scan(&version); err != nil {
+		return fail(err)
+	}
+	p.mariadb = strings.Contains(strings.ToLower(version), "mariadb")
+
+	srcIP, err := srcCtr.ContainerIP(ctx)
+	if err != nil {
+		return fail(fmt.Errorf("source's address: %w", err))
+	}
+	status := "SHOW BINARY LOG STATUS"
+	if p.mariadb {
+		status = "SHOW MASTER STATUS"
+	}
+	file, pos, err := binlogPosition(ctx, p.src, status)
+	if err != nil {
+		return fail(fmt.Errorf("%s: %w", status, err))
+	}
+	stmts := []string{fmt.Sprintf("CHANGE REPLICATION SOURCE TO SOURCE_HOST = '%s', SOURCE_PORT = 3306, SOURCE_USER = 'root', SOURCE_PASSWORD = '%s', SOURCE_LOG_FILE = '%s', SOURCE_LOG_POS = %d, GET_SOURCE_PUBLIC_KEY = 1",
+		srcIP, containerPassword, file, pos), "START REPLICA"}
+	if p.mariadb {
+		stmts = []string{fmt.Sprintf("CHANGE MASTER TO MASTER_HOST = '%s', MASTER_PORT = 3306, MASTER_USER = 'root', MASTER_PASSWORD = '%s', MASTER_LOG_FILE = '%s', MASTER_LOG_POS = %d, MASTER_USE_GTID = no",
+			srcIP, containerPassword, file, pos), "START SLAVE"}
+	}
+	for _, q := range stmts {
+		if _, err := p.rep.ExecContext(ctx, q); err != nil {
+			return fail(fmt.Errorf("%s: %w", q, err))
+		}
+	}
+	if err := p.await(ctx, "the replica listed by the source", func(ctx context.Context) (bool, error) {
+		n, err := p.replicas(ctx)
+		return n == 1, err
+	}); err != nil {
+		return fail(err)
+	}
+	return p
+}
+
+// binlogPosition reads the file and position of the source's binary log (the first
+// two columns of status).
+func binlogPosition(ctx context.Context, db *sql.DB, status string) (string, int64, error) {
+	rows, err := db.QueryContext(ctx, status)
+	if err != nil {
+		return "", 0, err
+	}
+	defer rows.Close()
+	cols, err := rows.Columns()
+	if err != nil {
+		return "", 0, err
+	}
+	if !rows.Next() {
+		return "", 0, fmt.Errorf("no binary log (%v)", rows.Err())
+	}
+	var file string
+	var pos int64
+	dest := []any{&file, &pos}
+	for range cols[2:] {
+		dest = append(dest, new(sql.RawBytes))
+	}
+	return file, pos, rows.Scan(dest...)
+}
+
+// replicas counts the replicas the source lists.
+func (p *ReplicaPair) replicas(ctx context.Context) (int, error) {
+	q := "SHOW REPLICAS"
+	if p.mariadb {
+		q = "SHOW SLAVE HOSTS"
+	}
+	rows, err := p.src.QueryContext(ctx, q)
+	if err != nil {
+		return 0, err
+	}
+	defer rows.Close()
+	n := 0
+	for rows.Next() {
+		n++
+	}
+	return n, rows.Err()
+}
+
+// await polls cond every 50 ms until it holds, an error, or 60 s.
+func (p *ReplicaPair) await(ctx context.Context, what string, cond func(context.Context) (bool, error)) error {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	for {
+		ok, err := cond(ctx)
+		if err != nil {
+			return fmt.Errorf("waiting for %s: %w", what, err)
+		}
+		if ok {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for %s: %w", what, ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// SemiSync sets the pair's semi-synchronous replication: "off" (asynchronous),
+// "after_sync" or "after_commit" (the source's wait point, the replica a
+// semi-synchronous one), or "fallback" (enabled with AFTER_SYNC, but the replica
+// answers as an asynchronous one, so the source's first commit times out, after
+// 200 ms, and it goes on asynchronously). It returns once the source reports the
+// mode in force (Rpl_semi_sync_*_status) and the replica is listed again.
+func (p *ReplicaPair) SemiSync(t testing.TB, mode string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	src, rep, ioStop, ioStart := "source", "replica", "STOP REPLICA IO_THREAD", "START REPLICA IO_THREAD"
+	if p.mariadb {
+		src, rep, ioStop, ioStart = "master", "slave", "STOP SLAVE IO_THREAD", "START SLAVE IO_THREAD"
+	} else {
+		// Oracle MySQL's semi-synchronous replication is a plugin (already there: 1125).
+		for _, q := range []struct {
+			db  *sql.DB
+			sql string
+		}{{p.src, "INSTALL PLUGIN rpl_semi_sync_source SONAME 'semisync_source.so'"}, {p.rep, "INSTALL PLUGIN rpl_semi_sync_replica SONAME 'semisync_replica.so'"}} {
+			if _, err := q.db.ExecContext(ctx, q.sql); err != nil && !strings.Contains(err.Error(), "1125") {
+				t.Fatalf("testdb: %s: %v", q.sql, err)
+			}
+		}
+	}
+	exec := func(db *sql.DB, qs ...string) {
+		t.Helper()
+		for _, q := range qs {
+			if _, err := db.ExecContext(ctx, q); err != nil {
+				t.Fatalf("testdb: %s: %v", q, err)
+			}
+		}
+	}
+	on, point, timeout := "OFF", "AFTER_SYNC", 10000
+	repOn := "OFF"
+	switch mode {
+	case "off":
+	case "after_sync", "after_commit":
+		on, repOn, point = "ON", "ON", strings.ToUpper(mode)
+	case "fallback":
+		on, timeout = "ON", 200
+	default:
+		t.Fatalf("testdb: SemiSync(%q): want off, after_sync, after_commit or fallback", mode)
+	}
+	exec(p.src, fmt.Sprintf("SET GLOBAL rpl_semi_sync_%s_timeout = %d", src, timeout),
+		fmt.Sprintf("SET GLOBAL rpl_semi_sync_%s_wait_point = '%s'", src, point),
+		fmt.Sprintf("SET GLOBAL rpl_semi_sync_%s_enabled = %s", src, on))
+	exec(p.rep, fmt.Sprintf("SET GLOBAL rpl_semi_sync_%s_enabled = %s", rep, repOn), ioStop, ioStart)
+	want := "OFF"
+	if mode == "after_sync" || mode == "after_commit" {
+		want = "ON"
+	}
+	statusVar := "Rpl_semi_sync_" + src + "_status"
+	err := p.await(ctx, statusVar+" = "+want, func(ctx context.Context) (bool, error) {
+		// A commit: a source switches to semi-sync, or falls back, only at one.
+		if _, err := p.src.ExecContext(ctx, "CREATE TABLE IF NOT EXISTS testdb_tick (id int PRIMARY KEY, n int)"); err != nil {
+			return false, err
+		}
+		if _, err := p.src.ExecContext(ctx, "INSERT INTO testdb_tick VALUES (1, 1) ON DUPLICATE KEY UPDATE n = n + 1"); err != nil {
+			return false, err
+		}
+		var name, value string
+		if err := p.src.QueryRowContext(ctx, "SHOW GLOBAL STATUS LIKE '"+statusVar+"'").Scan(&name, &value); err != nil {
+			return false, err
+		}
+		if value != want {
+			return false, nil
+		}
+		n, err := p.replicas(ctx)
+		return n == 1, err
+	})
+	if err != nil {
+		t.Fatalf("testdb: SemiSync(%q): %v", mode, err)
+	}
+}
