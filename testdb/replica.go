@@ -97,6 +97,10 @@ func StartReplicaPair(t testing.TB) *ReplicaPair {
 		status = "SHOW MASTER STATUS"
 	}
 	file, pos, err := binlogPosition(ctx, p.src, status)
+	if err != nil && !p.mariadb && strings.Contains(err.Error(), "1064") { // before MySQL 8.2
+		status = "SHOW MASTER STATUS"
+		file, pos, err = binlogPosition(ctx, p.src, status)
+	}
 	if err != nil {
 		return fail(fmt.Errorf("%s: %w", status, err))
 	}
@@ -184,28 +188,17 @@ func (p *ReplicaPair) await(ctx context.Context, what string, cond func(context.
 
 // SemiSync sets the pair's semi-synchronous replication: "off" (asynchronous),
 // "after_sync" or "after_commit" (the source's wait point, the replica a
-// semi-synchronous one), or "fallback" (enabled with AFTER_SYNC, but the replica
+// semi-synchronous one), "fallback" (enabled with AFTER_SYNC, but the replica
 // answers as an asynchronous one, so the source's first commit times out, after
-// 200 ms, and it goes on asynchronously). It returns once the source reports the
-// mode in force (Rpl_semi_sync_*_status) and the replica is listed again.
+// 200 ms, and it goes on asynchronously), or "unacknowledged" (enabled with
+// AFTER_SYNC, the replica an asynchronous one, and no commit since: the source's
+// status still reads ON, with no semi-synchronous replica connected). It returns
+// once the source reports the mode (Rpl_semi_sync_*_status and _clients) and lists
+// the replica again.
 func (p *ReplicaPair) SemiSync(t testing.TB, mode string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	src, rep, ioStop, ioStart := "source", "replica", "STOP REPLICA IO_THREAD", "START REPLICA IO_THREAD"
-	if p.mariadb {
-		src, rep, ioStop, ioStart = "master", "slave", "STOP SLAVE IO_THREAD", "START SLAVE IO_THREAD"
-	} else {
-		// Oracle MySQL's semi-synchronous replication is a plugin (already there: 1125).
-		for _, q := range []struct {
-			db  *sql.DB
-			sql string
-		}{{p.src, "INSTALL PLUGIN rpl_semi_sync_source SONAME 'semisync_source.so'"}, {p.rep, "INSTALL PLUGIN rpl_semi_sync_replica SONAME 'semisync_replica.so'"}} {
-			if _, err := q.db.ExecContext(ctx, q.sql); err != nil && !strings.Contains(err.Error(), "1125") {
-				t.Fatalf("testdb: %s: %v", q.sql, err)
-			}
-		}
-	}
 	exec := func(db *sql.DB, qs ...string) {
 		t.Helper()
 		for _, q := range qs {
@@ -214,40 +207,79 @@ func (p *ReplicaPair) SemiSync(t testing.TB, mode string) {
 			}
 		}
 	}
-	on, point, timeout := "OFF", "AFTER_SYNC", 10000
-	repOn := "OFF"
+	ioStop, ioStart := "STOP REPLICA IO_THREAD", "START REPLICA IO_THREAD"
+	if p.mariadb {
+		ioStop, ioStart = "STOP SLAVE IO_THREAD", "START SLAVE IO_THREAD"
+	} else {
+		// Oracle MySQL's semi-synchronous replication is a plugin: semisync_source
+		// (8.0.26+) or semisync_master; 1125: already installed.
+		for _, pl := range []struct {
+			db           *sql.DB
+			name, before string
+		}{{p.src, "source", "master"}, {p.rep, "replica", "slave"}} {
+			q := fmt.Sprintf("INSTALL PLUGIN rpl_semi_sync_%s SONAME 'semisync_%s.so'", pl.name, pl.name)
+			_, err := pl.db.ExecContext(ctx, q)
+			if err != nil && !strings.Contains(err.Error(), "1125") {
+				q = fmt.Sprintf("INSTALL PLUGIN rpl_semi_sync_%s SONAME 'semisync_%s.so'", pl.before, pl.before)
+				_, err = pl.db.ExecContext(ctx, q)
+			}
+			if err != nil && !strings.Contains(err.Error(), "1125") {
+				t.Fatalf("testdb: %s: %v", q, err)
+			}
+		}
+	}
+	// The variables' names: source/replica (MySQL 8.0.26+), else master/slave.
+	src, rep := "source", "replica"
+	var name, value string
+	if err := p.src.QueryRowContext(ctx, "SHOW GLOBAL VARIABLES LIKE 'rpl_semi_sync_source_enabled'").Scan(&name, &value); err != nil {
+		src, rep = "master", "slave"
+	}
+	on, repOn, point, timeout, tick := "OFF", "OFF", "AFTER_SYNC", 10000, true
+	wantStatus, wantClients := "OFF", "0"
 	switch mode {
 	case "off":
 	case "after_sync", "after_commit":
-		on, repOn, point = "ON", "ON", strings.ToUpper(mode)
+		on, repOn, point, wantStatus, wantClients = "ON", "ON", strings.ToUpper(mode), "ON", "1"
 	case "fallback":
 		on, timeout = "ON", 200
+	case "unacknowledged":
+		on, wantStatus, tick = "ON", "ON", false
 	default:
-		t.Fatalf("testdb: SemiSync(%q): want off, after_sync, after_commit or fallback", mode)
+		t.Fatalf("testdb: SemiSync(%q): want off, after_sync, after_commit, fallback or unacknowledged", mode)
 	}
-	exec(p.src, fmt.Sprintf("SET GLOBAL rpl_semi_sync_%s_timeout = %d", src, timeout),
-		fmt.Sprintf("SET GLOBAL rpl_semi_sync_%s_wait_point = '%s'", src, point),
-		fmt.Sprintf("SET GLOBAL rpl_semi_sync_%s_enabled = %s", src, on))
+	// Off first: switching it on again starts the source's status afresh (ON).
+	exec(p.src, fmt.Sprintf("SET GLOBAL rpl_semi_sync_%s_enabled = OFF", src),
+		fmt.Sprintf("SET GLOBAL rpl_semi_sync_%s_timeout = %d", src, timeout),
+		fmt.Sprintf("SET GLOBAL rpl_semi_sync_%s_wait_point = '%s'", src, point))
 	exec(p.rep, fmt.Sprintf("SET GLOBAL rpl_semi_sync_%s_enabled = %s", rep, repOn), ioStop, ioStart)
-	want := "OFF"
-	if mode == "after_sync" || mode == "after_commit" {
-		want = "ON"
-	}
-	statusVar := "Rpl_semi_sync_" + src + "_status"
-	err := p.await(ctx, statusVar+" = "+want, func(ctx context.Context) (bool, error) {
-		// A commit: a source switches to semi-sync, or falls back, only at one.
-		if _, err := p.src.ExecContext(ctx, "CREATE TABLE IF NOT EXISTS testdb_tick (id int PRIMARY KEY, n int)"); err != nil {
+	exec(p.src, fmt.Sprintf("SET GLOBAL rpl_semi_sync_%s_enabled = %s", src, on))
+	statusVar, clientsVar := "Rpl_semi_sync_"+src+"_status", "Rpl_semi_sync_"+src+"_clients"
+	err := p.await(ctx, fmt.Sprintf("%s = %s, %s = %s", statusVar, wantStatus, clientsVar, wantClients), func(ctx context.Context) (bool, error) {
+		if tick {
+			// A commit: a source switches to semi-sync, or falls back, only at one.
+			if _, err := p.src.ExecContext(ctx, "CREATE TABLE IF NOT EXISTS testdb_tick (id int PRIMARY KEY, n int)"); err != nil {
+				return false, err
+			}
+			if _, err := p.src.ExecContext(ctx, "INSERT INTO testdb_tick VALUES (1, 1) ON DUPLICATE KEY UPDATE n = n + 1"); err != nil {
+				return false, err
+			}
+		}
+		rows, err := p.src.QueryContext(ctx, "SHOW GLOBAL STATUS WHERE Variable_name IN ('"+statusVar+"', '"+clientsVar+"')")
+		if err != nil {
 			return false, err
 		}
-		if _, err := p.src.ExecContext(ctx, "INSERT INTO testdb_tick VALUES (1, 1) ON DUPLICATE KEY UPDATE n = n + 1"); err != nil {
-			return false, err
+		got := map[string]string{}
+		for rows.Next() {
+			var k, v string
+			if err := rows.Scan(&k, &v); err != nil {
+				rows.Close()
+				return false, err
+			}
+			got[k] = v
 		}
-		var name, value string
-		if err := p.src.QueryRowContext(ctx, "SHOW GLOBAL STATUS LIKE '"+statusVar+"'").Scan(&name, &value); err != nil {
-			return false, err
-		}
-		if value != want {
-			return false, nil
+		rows.Close()
+		if got[statusVar] != wantStatus || got[clientsVar] != wantClients {
+			return false, rows.Err()
 		}
 		n, err := p.replicas(ctx)
 		return n == 1, err

@@ -217,8 +217,10 @@ func WithTelemetryNames() Option {
 // standbys replicate asynchronously, or a MySQL source whose replicas do (no
 // semi-synchronous replication, one that waits AFTER_COMMIT, or one fallen back to
 // asynchronous), where a failover can forget granted leases and repeat tokens; and a
-// server where it cannot tell (a MySQL user without the REPLICATION SLAVE privilege
-// cannot list the replicas). Without it the Locker logs one warning and goes on.
+// server where it cannot tell (a MySQL user without the REPLICATION SLAVE privilege,
+// MariaDB's REPLICATION MASTER ADMIN, cannot list the replicas, unless lossless
+// semi-synchronous replication is in force). Without it the Locker logs one warning
+// and goes on.
 func WithRequireSyncReplication() Option {
 	return func(c *rowlease.Config) error { return c.SetRequireSyncReplication() }
 }

@@ -35,6 +35,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"strings"
 	"sync/atomic"
 
@@ -51,8 +52,9 @@ type Needs struct {
 	// SingleWriter is the user's promise that every client of the lock reaches the
 	// same Galera node or Group Replication member.
 	SingleWriter bool
-	// RequireSync refuses a PostgreSQL primary with asynchronous standbys instead of
-	// warning.
+	// RequireSync refuses a PostgreSQL primary with asynchronous standbys, or a MySQL
+	// source with asynchronous replicas, instead of warning; and a server where that
+	// cannot be told.
 	RequireSync bool
 	// MemoryTable: the strategy writes a MEMORY table (advisory's tokens on MySQL),
 	// which Group Replication refuses (error 3098): refused on any member of a running
@@ -115,7 +117,7 @@ func (g *Guard) Check(ctx context.Context) error {
 			return fmt.Errorf("checking the deployment: %w", err)
 		}
 		if g.needs.RequireSync {
-			err = Refusal(g.strategy + ": cannot tell whether the standbys replicate synchronously (WithRequireSyncReplication): " + err.Error())
+			err = Refusal(g.strategy + ": cannot tell whether the standbys or replicas replicate synchronously (WithRequireSyncReplication): " + err.Error())
 		} else {
 			g.log.Warn("sqllock: could not check the deployment; going on without the check", "strategy", g.strategy, "err", err)
 			err = nil
@@ -139,11 +141,13 @@ func (refusal) Unwrap() error   { return sqllock.ErrUnsafeDeployment }
 // with wsrep) and Group Replication's group_replication_single_primary_mode (MySQL
 // with the plugin loaded), and super_read_only (on in a single-primary group's
 // secondaries); and those of binary log replication: log_bin, and semi-synchronous
-// replication's switch and wait point (MySQL 8.0.26+ names them source, MariaDB and
-// older MySQL master; absent where the plugin is not loaded); version tells MariaDB.
+// replication's switch, wait point and replica count (MySQL 8.0.26+ names them
+// source, MariaDB and older MySQL master; absent where the plugin is not loaded);
+// version tells MariaDB.
 const mysqlProbe = `SHOW GLOBAL VARIABLES WHERE Variable_name IN ('wsrep_on', 'group_replication_single_primary_mode', 'super_read_only',
   'log_bin', 'version', 'rpl_semi_sync_source_enabled', 'rpl_semi_sync_master_enabled',
-  'rpl_semi_sync_source_wait_point', 'rpl_semi_sync_master_wait_point')`
+  'rpl_semi_sync_source_wait_point', 'rpl_semi_sync_master_wait_point',
+  'rpl_semi_sync_source_wait_for_replica_count', 'rpl_semi_sync_master_wait_for_slave_count')`
 
 // memberProbe reads this server's state and role in its Group Replication group
 // (OFFLINE when Group Replication is not running).
@@ -254,31 +258,45 @@ func showVariables(ctx context.Context, db *sql.DB, query string) (map[string]st
 
 // checkBinlogReplication warns of (or, with RequireSync, refuses) a source whose
 // replicas replicate asynchronously: a failover to a replica that missed the last
-// commits forgets leases and repeats tokens, as on PostgreSQL. Replicas are counted
-// with SHOW REPLICAS (MySQL; SHOW SLAVE HOSTS on MariaDB and before MySQL 8.0.22),
-// which needs the REPLICATION SLAVE privilege (MariaDB: REPLICATION MASTER ADMIN);
-// without it the check cannot see them, says so once (Info), and refuses only under
-// RequireSync. Semi-synchronous replication that waits AFTER_SYNC (the replica has
-// the commit before anyone sees it) and is in force (not fallen back to asynchronous
-// after a timeout) is accepted.
+// commits forgets leases and repeats tokens, as on PostgreSQL.
+//
+// Lossless semi-synchronous replication in force is accepted first, from what every
+// user may read: enabled, waiting AFTER_SYNC (a replica has the commit before anyone
+// sees it), Rpl_semi_sync_*_status ON (not fallen back to asynchronous after a
+// timeout) and at least as many semi-synchronous replicas connected
+// (Rpl_semi_sync_*_clients) as a commit waits for (the status reads ON from the
+// moment it is enabled, before any replica connects). Otherwise the replicas are
+// counted with SHOW REPLICAS (SHOW SLAVE HOSTS on MariaDB and before MySQL 8.0.22),
+// which needs the REPLICATION SLAVE privilege (MariaDB: REPLICATION MASTER ADMIN):
+// without it the check cannot see them and says so once (Info); it refuses under
+// RequireSync, except on a Galera node or a server with Group Replication loaded,
+// whose own failover does not lose commits. A server without a binary log has no
+// replica.
 func (g *Guard) checkBinlogReplication(ctx context.Context, vars map[string]string) error {
 	if !strings.EqualFold(vars["log_bin"], "ON") {
 		return nil // no binary log: no replica
 	}
 	mariadb := strings.Contains(strings.ToLower(vars["version"]), "mariadb")
+	semi, lossless, err := g.semiSync(ctx, vars, mariadb)
+	if err != nil || lossless {
+		return err
+	}
 	show := "SHOW REPLICAS"
 	if mariadb {
 		show = "SHOW SLAVE HOSTS"
 	}
 	replicas, err := countRows(ctx, g.db, show)
 	if err != nil && !mariadb && sqlerr.IsCode(err, "1064") { // before MySQL 8.0.22
-		replicas, err = countRows(ctx, g.db, "SHOW SLAVE HOSTS")
+		show = "SHOW SLAVE HOSTS"
+		replicas, err = countRows(ctx, g.db, show)
 	}
 	if err != nil {
 		if ctx.Err() != nil || sqlerr.Is(err, sqlerr.SessionLost) || sqlerr.Is(err, sqlerr.Canceled) || !sqlerr.IsCode(err, "1227") {
 			return err
 		}
-		if g.needs.RequireSync {
+		_, gr := vars["group_replication_single_primary_mode"]
+		cluster := gr || strings.EqualFold(vars["wsrep_on"], "ON")
+		if g.needs.RequireSync && !cluster {
 			return Refusal(g.strategy + ": cannot tell whether replicas replicate synchronously (WithRequireSyncReplication): " + show + ": " + err.Error())
 		}
 		g.log.Info("sqllock: cannot see this server's replicas, so a failover to an asynchronous replica is not checked", "strategy", g.strategy, "err", err)
@@ -287,29 +305,48 @@ func (g *Guard) checkBinlogReplication(ctx context.Context, vars map[string]stri
 	if replicas == 0 {
 		return nil
 	}
-	enabled, point := vars["rpl_semi_sync_source_enabled"], vars["rpl_semi_sync_source_wait_point"]
-	statusVar := "Rpl_semi_sync_source_status"
-	if _, ok := vars["rpl_semi_sync_source_enabled"]; !ok {
-		enabled, point, statusVar = vars["rpl_semi_sync_master_enabled"], vars["rpl_semi_sync_master_wait_point"], "Rpl_semi_sync_master_status"
-	}
-	var why string
-	switch {
-	case !strings.EqualFold(enabled, "ON"):
-		why = fmt.Sprintf("%d replica(s) replicate asynchronously (semi-synchronous replication is off)", replicas)
-	case !strings.EqualFold(point, "AFTER_SYNC"):
-		why = fmt.Sprintf("semi-synchronous replication waits %s: other sessions see a commit before a replica has it", point)
-	default:
-		status, err := showVariables(ctx, g.db, "SHOW GLOBAL STATUS WHERE Variable_name = '"+statusVar+"'")
-		if err != nil {
-			return err
-		}
-		if strings.EqualFold(status[strings.ToLower(statusVar)], "ON") {
-			return nil
-		}
-		why = fmt.Sprintf("semi-synchronous replication is enabled but not in force (%s=%s): it fell back to asynchronous, no semi-synchronous replica answered in time",
-			statusVar, status[strings.ToLower(statusVar)])
-	}
+	why := fmt.Sprintf("%d replica(s) listed by %s, %s", replicas, show, semi)
 	return g.asynchronous("MySQL source", "replica", why)
+}
+
+// semiSync tells whether lossless semi-synchronous replication is in force (see
+// checkBinlogReplication) and, if not, why not.
+func (g *Guard) semiSync(ctx context.Context, vars map[string]string, mariadb bool) (why string, lossless bool, err error) {
+	pre := "rpl_semi_sync_source_"
+	if _, ok := vars[pre+"enabled"]; !ok {
+		pre = "rpl_semi_sync_master_" // MariaDB, MySQL before 8.0.26
+	}
+	if !strings.EqualFold(vars[pre+"enabled"], "ON") {
+		return "semi-synchronous replication off", false, nil
+	}
+	if point := vars[pre+"wait_point"]; !strings.EqualFold(point, "AFTER_SYNC") {
+		if point == "" {
+			point = "AFTER_COMMIT (no wait point: MySQL before 5.7.2)"
+		}
+		return "semi-synchronous replication waiting " + point + ": other sessions see a commit before a replica has it", false, nil
+	}
+	statusVar, clientsVar := "Rpl_semi_sync_"+pre[len("rpl_semi_sync_"):]+"status", "Rpl_semi_sync_"+pre[len("rpl_semi_sync_"):]+"clients"
+	status, err := showVariables(ctx, g.db, "SHOW GLOBAL STATUS WHERE Variable_name IN ('"+statusVar+"', '"+clientsVar+"')")
+	if err != nil {
+		return "", false, err
+	}
+	state, clients := status[strings.ToLower(statusVar)], status[strings.ToLower(clientsVar)]
+	need := vars["rpl_semi_sync_source_wait_for_replica_count"]
+	if need == "" {
+		need = vars["rpl_semi_sync_master_wait_for_slave_count"]
+	}
+	if need == "" {
+		need = "1" // MariaDB waits for one
+	}
+	n, nerr := strconv.Atoi(clients)
+	w, werr := strconv.Atoi(need)
+	switch {
+	case !strings.EqualFold(state, "ON"):
+		return fmt.Sprintf("semi-synchronous replication enabled but not in force (%s=%s: it fell back to asynchronous, no semi-synchronous replica answered in time)", statusVar, state), false, nil
+	case nerr != nil || werr != nil || n < w:
+		return fmt.Sprintf("semi-synchronous replication enabled but with %s semi-synchronous replica(s) connected (%s) where a commit waits for %s", clients, clientsVar, need), false, nil
+	}
+	return "", true, nil
 }
 
 // countRows runs query and counts its rows.

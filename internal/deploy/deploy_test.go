@@ -158,11 +158,14 @@ func TestProbeRefusedByServer(t *testing.T) {
 
 // TestBinlogReplication: a MySQL source with a replica (containers of the binary's
 // MySQL image: MariaDB or Oracle MySQL) is warned of once, or refused under
-// RequireSync, while the replica replicates asynchronously, semi-synchronously
-// waiting AFTER_COMMIT, or semi-synchronously fallen back to asynchronous; with
-// lossless semi-synchronous replication in force (AFTER_SYNC) it is accepted
-// without a word. A user who may not list the replicas is told so at Info level,
-// not warned, and refused under RequireSync (the check cannot tell).
+// RequireSync, with the reason, while the replica replicates asynchronously,
+// semi-synchronously waiting AFTER_COMMIT, semi-synchronously fallen back to
+// asynchronous, or with semi-sync enabled and no semi-synchronous replica connected
+// (the status still reads ON then); with lossless semi-synchronous replication in
+// force (AFTER_SYNC) it is accepted without a word, also for a user who may not list
+// the replicas. Otherwise such a user is told so at Info level, not warned, and
+// refused under RequireSync (the check cannot tell). The replica (a binary log, no
+// replica of its own) is accepted without a word.
 func TestBinlogReplication(t *testing.T) {
 	p := testdb.StartReplicaPair(t)
 	ctx := testdb.Context(t, 5*time.Minute)
@@ -194,26 +197,48 @@ func TestBinlogReplication(t *testing.T) {
 		err := deploy.New(db, sqllock.MySQL, "test", needs, slog.New(slog.NewTextHandler(&logs, nil))).Check(ctx)
 		return logs.String(), err
 	}
-	for _, mode := range []string{"off", "after_commit", "fallback", "after_sync"} {
+	replica := open(p.Replica)
+	// Why each mode is unsafe, as the warning says it.
+	reasons := map[string]string{
+		"off":            "semi-synchronous replication off",
+		"after_commit":   "waiting AFTER_COMMIT",
+		"fallback":       "fell back to asynchronous",
+		"unacknowledged": "with 0 semi-synchronous replica(s) connected",
+		"after_sync":     "",
+	}
+	for _, mode := range []string{"off", "after_commit", "fallback", "unacknowledged", "after_sync"} {
 		t.Run(mode, func(t *testing.T) {
 			p.SemiSync(t, mode)
 			unsafe := mode != "after_sync"
 			logs, err := check(root, deploy.Needs{})
 			warned := strings.Contains(logs, "level=WARN") && strings.Contains(logs, "asynchronous replication")
-			if err != nil || warned != unsafe {
-				t.Errorf("root: Check = %v, logs %q; want nil, warned %v", err, logs, unsafe)
+			if err != nil || warned != unsafe || !strings.Contains(logs, reasons[mode]) {
+				t.Errorf("root: Check = %v, logs %q; want nil, warned %v, saying %q", err, logs, unsafe, reasons[mode])
 			}
 			_, err = check(root, deploy.Needs{RequireSync: true})
 			if unsafe != errors.Is(err, sqllock.ErrUnsafeDeployment) {
 				t.Errorf("root, RequireSync: Check = %v; want a refusal: %v", err, unsafe)
 			}
 			logs, err = check(plain, deploy.Needs{})
-			if err != nil || strings.Contains(logs, "level=WARN") || !strings.Contains(logs, "cannot see this server's replicas") {
+			if mode == "after_sync" {
+				if err != nil || logs != "" {
+					t.Errorf("deployplain: Check = %v, logs %q; want nil and no log", err, logs)
+				}
+			} else if err != nil || strings.Contains(logs, "level=WARN") || !strings.Contains(logs, "cannot see this server's replicas") {
 				t.Errorf("deployplain: Check = %v, logs %q; want nil and one Info line that it cannot see the replicas", err, logs)
 			}
 			_, err = check(plain, deploy.Needs{RequireSync: true})
-			if !errors.Is(err, sqllock.ErrUnsafeDeployment) || !strings.Contains(err.Error(), "cannot tell") {
+			if mode == "after_sync" {
+				// Lossless semi-sync in force is told from what any user may read.
+				if err != nil {
+					t.Errorf("deployplain, RequireSync: Check = %v; want nil (lossless semi-sync, no need to list replicas)", err)
+				}
+			} else if !errors.Is(err, sqllock.ErrUnsafeDeployment) || !strings.Contains(err.Error(), "cannot tell") {
 				t.Errorf("deployplain, RequireSync: Check = %v; want a refusal saying it cannot tell", err)
+			}
+			// The replica has a binary log and no replica of its own: nothing to say.
+			if logs, err := check(replica, deploy.Needs{RequireSync: true}); err != nil || logs != "" {
+				t.Errorf("the replica, RequireSync: Check = %v, logs %q; want nil and no log", err, logs)
 			}
 		})
 	}
