@@ -218,8 +218,9 @@ func migrate(t testing.TB, db *sql.DB, d sqllock.Dialect) {
 	var key string
 	if d == sqllock.MySQL {
 		// Galera is migrated through node 1, a Group Replication group through member
-		// 1: the server's address tells them apart.
-		if err := db.QueryRowContext(ctx, "SELECT CONCAT(@@hostname, ':', @@port)").Scan(&key); err != nil {
+		// 1: the server's address tells them apart, its uuid a server made afresh at
+		// the same address (ResetPair).
+		if err := db.QueryRowContext(ctx, "SELECT CONCAT(@@hostname, ':', @@port, '/', @@server_uuid)").Scan(&key); err != nil {
 			t.Fatalf("server address: %v", err)
 		}
 	} else {

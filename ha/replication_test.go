@@ -3,6 +3,7 @@
 package ha_test
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -93,5 +94,94 @@ func TestMySQLReplication(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestMySQLFailoverAsync: with an asynchronous replica that missed the latest
+// commits, a failover forgets leases and repeats tokens, as on PostgreSQL
+// (TestFailoverAsync): a name held on the source is granted again on the promoted
+// replica, with a token already handed out. The test reproduces it, and fails if it
+// stops reproducing, so that the warning TestMySQLReplication checks stays the
+// measured truth. The source is killed (SIGKILL); the pair is rebuilt afterwards.
+func TestMySQLFailoverAsync(t *testing.T) {
+	lab := ha.StartMySQL(t)
+	lab.ResetPair(t)
+	t.Cleanup(func() { lab.ResetPair(t) })
+	src := ha.Open(t, "mysql", lab.SourceDSN())
+	migrate(t, src, sqllock.MySQL)
+	rep := ha.Open(t, "mysql", lab.ReplicaDSN())
+	ctx := ctxFor(t, 3*time.Minute)
+
+	// Everything so far (the migrations) reaches the replica; from now on it
+	// receives nothing.
+	var executed string
+	if err := src.QueryRowContext(ctx, "SELECT @@GLOBAL.gtid_executed").Scan(&executed); err != nil {
+		t.Fatal(err)
+	}
+	var timedOut int
+	if err := rep.QueryRowContext(ctx, "SELECT WAIT_FOR_EXECUTED_GTID_SET(?, 60)", executed).Scan(&timedOut); err != nil || timedOut != 0 {
+		t.Fatalf("the replica did not apply the source's %q: %v (timed out: %d)", executed, err, timedOut)
+	}
+	if _, err := rep.ExecContext(ctx, "STOP REPLICA"); err != nil {
+		t.Fatal(err)
+	}
+
+	type before struct {
+		name   string
+		tokens []int64
+		held   int64
+	}
+	stamp := time.Now().UnixNano()
+	bs := map[string]*before{}
+	for _, s := range rowStrategies {
+		b := &before{name: fmt.Sprintf("ha-mysql-failover/%d/%s", stamp, s)}
+		bs[s] = b
+		l := mustLocker(t, s, src, sqllock.MySQL, lockerOpts{})
+		for range 5 {
+			lease, err := l.Acquire(ctxFor(t, 10*time.Second), b.name)
+			if err != nil {
+				t.Fatalf("%s: Acquire: %v", s, err)
+			}
+			b.tokens = append(b.tokens, lease.Token())
+			if err := lease.Release(ctxFor(t, 10*time.Second)); err != nil {
+				t.Fatalf("%s: Release: %v", s, err)
+			}
+		}
+		lease, err := l.Acquire(ctxFor(t, 10*time.Second), b.name)
+		if err != nil {
+			t.Fatalf("%s: Acquire: %v", s, err)
+		}
+		b.held = lease.Token()
+		t.Cleanup(func() { lease.Release(ctxFor(t, time.Second)) }) // on the dead source: ErrLost
+	}
+
+	lab.KillSource(t)
+	for _, q := range []string{"RESET REPLICA ALL", "SET GLOBAL super_read_only = OFF", "SET GLOBAL read_only = OFF"} {
+		if _, err := rep.ExecContext(ctx, q); err != nil {
+			t.Fatalf("promoting the replica: %s: %v", q, err)
+		}
+	}
+	for _, s := range rowStrategies {
+		b := bs[s]
+		l := mustLocker(t, s, rep, sqllock.MySQL, lockerOpts{})
+		lease, err := l.TryAcquire(ctxFor(t, 10*time.Second), b.name)
+		regranted := err == nil
+		var token int64
+		repeated := false
+		if regranted {
+			token = lease.Token()
+			for _, x := range append(b.tokens, b.held) {
+				if x >= token {
+					repeated = true
+				}
+			}
+			lease.Release(ctxFor(t, 10*time.Second))
+		}
+		t.Logf("FAILOVER mysql mode=async strategy=%s tokens_before=%v held=%d regranted=%v token_after=%d repeated=%v (%v)",
+			s, b.tokens, b.held, regranted, token, repeated, err)
+		if !regranted || !repeated {
+			t.Errorf("%s: the asynchronous failover's unsafety was not reproduced: TryAcquire of the held name on the promoted replica = token %d, %v; "+
+				"want it granted again with a token already handed out (%v, held %d)", s, token, err, b.tokens, b.held)
+		}
 	}
 }

@@ -106,11 +106,24 @@ func (l *MySQLLab) ReplicaDSN() string { return l.dsn(3) }
 // asynchronous one); it returns once the source reports the mode in force.
 func (l *MySQLLab) SemiSync(t testing.TB, mode string) {
 	t.Helper()
+	l.Ctl(t, "pair", "semisync", mode)
+}
+
+// KillSource crashes the source: SIGKILL to its mysqld.
+func (l *MySQLLab) KillSource(t testing.TB) { t.Helper(); l.Ctl(t, "pair", "kill-source") }
+
+// ResetPair builds a fresh source and replica, replicating asynchronously; the
+// former pair's data is gone. SourceDSN and ReplicaDSN name the new pair.
+func (l *MySQLLab) ResetPair(t testing.TB) { t.Helper(); l.Ctl(t, "pair", "reset") }
+
+// Ctl runs `mysql-lab args...` in the lab (an Exec in the container, or the script
+// chrooted on this host); it fails t if the command fails.
+func (l *MySQLLab) Ctl(t testing.TB, args ...string) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), ctlTimeout)
 	defer cancel()
 	l.ctlMu.Lock()
 	defer l.ctlMu.Unlock()
-	args := []string{"pair", "semisync", mode}
 	var out []byte
 	var err error
 	if l.local {
