@@ -305,7 +305,7 @@ func (k keeper) GiveBack(ctx context.Context, lost bool) error {
 	case sqlerr.Is(err, sqlerr.SessionLost):
 		s.l.pins.Discard(s.conn)
 		return s.core.Label().Err("release", ErrCommitUnknown, err)
-	case sqlerr.Is(err, sqlerr.Deadlock), sqlerr.IsCode(err, "3101"):
+	case sqlerr.Is(err, sqlerr.Deadlock):
 		// A deadlock or certification failure at COMMIT (Galera: 1213; Group
 		// Replication: 3101, or 1180 carrying a lock deadlock): rolled back, the lock
 		// was not held as a lock should be.

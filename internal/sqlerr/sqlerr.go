@@ -21,8 +21,8 @@ type Class int
 const (
 	Other          Class = iota
 	Duplicate            // unique violation: 23505, 1062
-	Deadlock             // 40P01, 1213, 3058 (user-level locks, MySQL 8 and later), 1180 carrying handler error 149
-	Serialization        // 40001; 3101 (a Group Replication certification conflict)
+	Deadlock             // 40P01, 1213, 3058 (user-level locks, MySQL 8 and later); Group Replication: 3101, 1180 carrying handler error 149
+	Serialization        // 40001
 	LockTimeout          // lock wait timed out or NOWAIT refused: 55P03, 1205, 3572
 	Canceled             // statement cancelled: 57014, 1317, 3024
 	SessionLost          // the session is gone: killed, closed, cut
@@ -63,6 +63,11 @@ func Classify(err error) Class {
 			return Duplicate
 		case 1213, 3058:
 			return Deadlock
+		case 3101:
+			// ER_TRANSACTION_ROLLBACK_DURING_COMMIT: Group Replication's certification
+			// found a concurrent change of the same row on another member and rolled
+			// this transaction back, nothing committed: what Galera reports as 1213.
+			return Deadlock
 		case 1180:
 			// ER_ERROR_DURING_COMMIT carrying the storage engine's lock deadlock
 			// (handler error 149): on Group Replication, a transaction the applier of
@@ -72,12 +77,7 @@ func Classify(err error) Class {
 			}
 		case 1205, 3572:
 			return LockTimeout
-		case 3101:
-			// ER_TRANSACTION_ROLLBACK_DURING_COMMIT: MySQL Group Replication's
-			// certification found a concurrent change of the same row on another member
-			// and rolled this transaction back (SQLSTATE 40000): nothing committed, like
-			// a serialization failure.
-			return Serialization
+
 		case 1317, 3024:
 			return Canceled
 		case 1146, 1054, 1176: // 1176: FORCE INDEX of an index a migration adds

@@ -184,7 +184,7 @@ func TestClassifyGeneric(t *testing.T) {
 		// Group Replication's certification conflicts, which one server cannot produce
 		// (the ha suite's TestGroupReplication meets them on a real group): the
 		// messages as MySQL 9.7 sends them.
-		{&mysql.MySQLError{Number: 3101, Message: "Plugin instructed the server to rollback the current transaction."}, sqlerr.Serialization},
+		{&mysql.MySQLError{Number: 3101, Message: "Plugin instructed the server to rollback the current transaction."}, sqlerr.Deadlock},
 		{&mysql.MySQLError{Number: 1180, Message: "Got error 149 - 'Lock deadlock; Retry transaction' during COMMIT"}, sqlerr.Deadlock},
 		{&mysql.MySQLError{Number: 1180, Message: "Got error 28 - 'No space left on device' during COMMIT"}, sqlerr.Other},
 	} {
