@@ -3,6 +3,7 @@
 package ha_test
 
 import (
+	"database/sql"
 	"errors"
 	"fmt"
 	"os"
@@ -222,59 +223,76 @@ func TestFailoverAsync(t *testing.T) {
 	// Everything so far is on the standby; from now on it receives nothing.
 	waitReplayed(t, db)
 	lab.StandbyCut(t)
-	type before struct {
-		name    string
-		tokens  []int64
-		held    int64
-		holding sqllock.Lease
-	}
-	bs := map[string]*before{}
+	hs := map[string]*history{}
 	for _, s := range rowStrategies {
-		b := &before{name: fmt.Sprintf("ha-failover-async/%d/%s/repeat", stamp, s)}
-		bs[s] = b
-		l := lockers[s]
-		for range 5 {
-			lease, err := l.Acquire(ctxFor(t, 10*time.Second), b.name)
-			if err != nil {
-				t.Fatalf("%s: Acquire: %v", s, err)
-			}
-			b.tokens = append(b.tokens, lease.Token())
-			if err := lease.Release(ctxFor(t, 10*time.Second)); err != nil {
-				t.Fatalf("%s: Release: %v", s, err)
-			}
-		}
-		lease, err := l.Acquire(ctxFor(t, 10*time.Second), b.name)
-		if err != nil {
-			t.Fatalf("%s: Acquire: %v", s, err)
-		}
-		b.held, b.holding = lease.Token(), lease
-		t.Cleanup(func() { lease.Release(ctxFor(t, time.Second)) }) // on the dead primary: ErrLost
+		hs[s] = takeHistory(t, s, lockers[s], fmt.Sprintf("ha-failover-async/%d/%s/repeat", stamp, s))
 	}
 
 	lab.KillPrimary(t)
 	lab.Promote(t)
 	ndb := lab.Open(t, "pgx", lab.PrimaryDSN())
 	for _, s := range rowStrategies {
-		b := bs[s]
-		l := mustLocker(t, s, ndb, sqllock.Postgres, lockerOpts{})
-		lease, err := l.TryAcquire(ctxFor(t, 10*time.Second), b.name)
-		regranted := err == nil
-		var token int64
-		repeated := false
-		if regranted {
-			token = lease.Token()
-			for _, x := range append(b.tokens, b.held) {
-				if x >= token {
-					repeated = true
-				}
+		expectRegranted(t, s, ndb, sqllock.Postgres, hs[s], "postgres", "the new primary")
+	}
+}
+
+// history is what a row strategy's Locker did with a name on a server before a
+// failover: the tokens of five acquisitions, and the token of a sixth, still held.
+type history struct {
+	name   string
+	tokens []int64
+	held   int64
+}
+
+// takeHistory acquires and releases name five times with l (strategy s), then
+// acquires it once more and keeps it (released when the test ends: on a dead
+// server, ErrLost).
+func takeHistory(t *testing.T, s string, l sqllock.Locker, name string) *history {
+	t.Helper()
+	h := &history{name: name}
+	for range 5 {
+		lease, err := l.Acquire(ctxFor(t, 10*time.Second), name)
+		if err != nil {
+			t.Fatalf("%s: Acquire: %v", s, err)
+		}
+		h.tokens = append(h.tokens, lease.Token())
+		if err := lease.Release(ctxFor(t, 10*time.Second)); err != nil {
+			t.Fatalf("%s: Release: %v", s, err)
+		}
+	}
+	lease, err := l.Acquire(ctxFor(t, 10*time.Second), name)
+	if err != nil {
+		t.Fatalf("%s: Acquire: %v", s, err)
+	}
+	h.held = lease.Token()
+	t.Cleanup(func() { lease.Release(ctxFor(t, time.Second)) })
+	return h
+}
+
+// expectRegranted checks the unsafety of an asynchronous failover on db, the
+// promoted server (where: "the new primary"): a new Locker of strategy s gets h's
+// held name again, with a token already handed out. It logs one FAILOVER line
+// (server names the lab's dialect) and fails t if that is not reproduced.
+func expectRegranted(t *testing.T, s string, db *sql.DB, d sqllock.Dialect, h *history, server, where string) {
+	t.Helper()
+	l := mustLocker(t, s, db, d, lockerOpts{})
+	lease, err := l.TryAcquire(ctxFor(t, 10*time.Second), h.name)
+	regranted := err == nil
+	var token int64
+	repeated := false
+	if regranted {
+		token = lease.Token()
+		for _, x := range append(h.tokens, h.held) {
+			if x >= token {
+				repeated = true
 			}
-			lease.Release(ctxFor(t, 10*time.Second))
 		}
-		t.Logf("FAILOVER mode=async strategy=%s tokens_before=%v held=%d regranted=%v token_after=%d repeated=%v (%v)",
-			s, b.tokens, b.held, regranted, token, repeated, err)
-		if !regranted || !repeated {
-			t.Errorf("%s: the asynchronous failover's unsafety was not reproduced: TryAcquire of the held name on the new primary = token %d, %v; "+
-				"want it granted again with a token already handed out (%v, held %d)", s, token, err, b.tokens, b.held)
-		}
+		lease.Release(ctxFor(t, 10*time.Second))
+	}
+	t.Logf("FAILOVER %s mode=async strategy=%s tokens_before=%v held=%d regranted=%v token_after=%d repeated=%v (%v)",
+		server, s, h.tokens, h.held, regranted, token, repeated, err)
+	if !regranted || !repeated {
+		t.Errorf("%s: the asynchronous failover's unsafety was not reproduced: TryAcquire of the held name on %s = token %d, %v; "+
+			"want it granted again with a token already handed out (%v, held %d)", s, where, token, err, h.tokens, h.held)
 	}
 }
