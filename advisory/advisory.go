@@ -459,7 +459,13 @@ func (l *Locker) lock(ctx context.Context, op string, id lockID, wait bool) (*Le
 		}
 	}
 	if err == nil && ok && ctx.Err() != nil {
-		dirty = true // granted as ctx ended: give it up with the session
+		// Granted as ctx ended: give it up with the session. On PostgreSQL it is
+		// unlocked first: behind an undetected transaction-pooling proxy, closing
+		// the client connection would leave it on the backend.
+		if l.dialect == sqllock.Postgres {
+			l.unlockOn(ctx, conn, id, sid)
+		}
+		dirty = true
 	}
 	if err != nil || !ok || dirty {
 		if dirty || err != nil {
@@ -482,7 +488,18 @@ func (l *Locker) lock(ctx context.Context, op string, id lockID, wait bool) (*Le
 		// The lock statement waited: the lease starts from a statement sent now, not
 		// from the start of the wait.
 		granted = time.Now()
-		if err := conn.QueryRowContext(ctx, "SELECT 1").Scan(new(int)); err != nil {
+		q, ranOn := "SELECT 1", sid
+		if l.dialect == sqllock.Postgres {
+			q = "SELECT pg_backend_pid()"
+		}
+		err := conn.QueryRowContext(ctx, q).Scan(&ranOn)
+		if l.dialect == sqllock.Postgres {
+			if refusal := l.leftBehind(ctx, sid, ranOn, err, "the statement after the wait for the lock"); refusal != nil {
+				l.pins.Discard(conn)
+				return nil, l.errorf(op, id, nil, refusal)
+			}
+		}
+		if err != nil {
 			l.pins.Discard(conn)
 			if cerr := ctx.Err(); cerr != nil {
 				return nil, l.errorf(op, id, sqllock.ErrNotAcquired, cerr)

@@ -230,7 +230,12 @@ func (s *session) KeepAlive(ctx context.Context) (time.Duration, error) {
 	ctx = lease.OwnConn(ctx) // Release lets it finish: cancelling it would break the session
 	var sid int64
 	if s.l.dialect == sqllock.Postgres {
-		if err := s.conn.QueryRowContext(ctx, "SELECT pg_backend_pid()").Scan(&sid); err != nil {
+		err := s.conn.QueryRowContext(ctx, "SELECT pg_backend_pid()").Scan(&sid)
+		if refusal := s.l.leftBehind(ctx, s.sid, sid, err, "the keep-alive of the session that took the lock"); refusal != nil {
+			// A *sql.Conn keeps its driver connection: only a proxy moves it.
+			return 0, lease.Gone(refusal)
+		}
+		if err != nil {
 			return 0, keepAliveErr(err)
 		}
 	} else {
@@ -244,12 +249,6 @@ func (s *session) KeepAlive(ctx context.Context) (time.Duration, error) {
 		}
 	}
 	if sid != s.sid {
-		if s.l.dialect == sqllock.Postgres {
-			// A *sql.Conn keeps its driver connection: only a proxy moves it.
-			err := s.l.poolerSeen(fmt.Sprintf("the session that took the lock on backend %d now runs on backend %d", s.sid, sid))
-			s.l.freeBackend(ctx, s.sid)
-			return 0, lease.Gone(err)
-		}
 		return 0, lease.Gonef("session changed from %d to %d (a reconnect?)", s.sid, sid)
 	}
 	return 0, nil
@@ -271,11 +270,18 @@ func (s *session) GiveBack(ctx context.Context, lost bool) error {
 		return nil
 	}
 	keep := s.l.pins.Reserve() // PostgreSQL: the unlock leaves the bound on a kept session
-	held, err := s.unlock(ctx, keep)
-	if keep && (err != nil || !held) {
+	held, ranOn, err := s.unlock(ctx, keep)
+	var moved error // PostgreSQL: the unlock ran on another backend than the lock
+	if s.l.dialect == sqllock.Postgres {
+		moved = s.l.leftBehind(ctx, s.sid, ranOn, err, "the unlock of the lock taken")
+	}
+	if keep && (err != nil || !held || moved != nil) {
 		s.l.pins.Unreserve()
 	}
 	switch {
+	case moved != nil:
+		s.l.pins.Discard(s.conn)
+		return lease.Gone(moved)
 	case err != nil:
 		s.l.pins.Discard(s.conn)
 		if sqlerr.Is(err, sqlerr.SessionLost) {
@@ -287,15 +293,7 @@ func (s *session) GiveBack(ctx context.Context, lost bool) error {
 			"name", s.id.name, "dialect", s.l.dialect.String(), "err", err)
 		return nil
 	case !held:
-		if s.l.dialect == sqllock.Postgres {
-			var sid int64
-			if s.conn.QueryRowContext(ctx, "SELECT pg_backend_pid()").Scan(&sid) == nil && sid != s.sid {
-				err := s.l.poolerSeen(fmt.Sprintf("the unlock of the lock taken on backend %d ran on backend %d", s.sid, sid))
-				s.l.pins.Discard(s.conn)
-				s.l.freeBackend(ctx, s.sid)
-				return lease.Gone(err)
-			}
-		}
+		// On PostgreSQL the unlock ran on the backend that took the lock (else moved).
 		s.l.pins.Discard(s.conn)
 		return lease.Gonef("the session no longer held the lock")
 	case keep:
@@ -307,18 +305,21 @@ func (s *session) GiveBack(ctx context.Context, lost bool) error {
 }
 
 // unlock releases the server lock, and on PostgreSQL puts the session's bound back
-// in the same statement unless keep (the Locker keeps the session with its bound).
-func (s *session) unlock(ctx context.Context, keep bool) (bool, error) {
+// in the same statement unless keep (the Locker keeps the session with its bound). It
+// returns whether the lock was held, and the backend the unlock ran on (PostgreSQL;
+// the lease's own on MySQL).
+func (s *session) unlock(ctx context.Context, keep bool) (held bool, ranOn int64, err error) {
 	if s.l.dialect == sqllock.Postgres {
 		k := fresh
 		if keep {
 			k = kept
 		}
-		return direct.Exists(ctx, s.conn, s.l.pgStmts(s.id).unlock[k], s.id.pgArgs())
+		err = direct.Row(ctx, s.conn, s.l.pgStmts(s.id).unlock[k], s.id.pgArgs(), &held, &ranOn)
+		return held, ranOn, err
 	}
 	var got sql.NullInt64
-	err := s.l.myRow(ctx, s.conn, "SELECT RELEASE_LOCK(?)", s.id.myName, &got)
-	return got.Valid && got.Int64 == 1, err
+	err = s.l.myRow(ctx, s.conn, "SELECT RELEASE_LOCK(?)", s.id.myName, &got)
+	return got.Valid && got.Int64 == 1, s.sid, err
 }
 
 // observed returns the lease's core and token, for the lease core's telemetry.

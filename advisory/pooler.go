@@ -5,35 +5,44 @@ import (
 	"crypto/rand"
 	"database/sql"
 	"encoding/hex"
+	"fmt"
 	"strconv"
 	"time"
 
 	"github.com/sqllock/sqllock/internal/deploy"
+	"github.com/sqllock/sqllock/internal/direct"
 	"github.com/sqllock/sqllock/internal/interrupt"
 	"github.com/sqllock/sqllock/internal/lease"
+	"github.com/sqllock/sqllock/internal/sqlerr"
 )
 
 // A session lock is only as good as the session: behind a transaction-pooling proxy
 // (pgbouncer pool_mode=transaction, RDS Proxy, Supavisor in transaction mode) the
 // statements of one client connection run on whichever server backend is free, so a
 // lock is taken on one backend, unlocked (or re-entered by another client!) on
-// another, and left held on a pooled backend. The Locker notices it in two ways, at
-// no extra round trip:
+// another, and left held on a pooled backend. The Locker notices it in three ways,
+// at no extra round trip:
 //
 //   - every PostgreSQL locking statement reads the session's stamp (a custom setting,
 //     sqllock.session) before writing its own: the stamp of this client connection,
 //     made of a random per-process part and the identity of the pgx connection. On a
 //     real session the stamp read is empty or its own. Another client's stamp means
 //     that two client connections share a backend: a pooler.
-//   - the keep-alive and a failed unlock compare pg_backend_pid() with the backend
-//     that took the lock.
+//   - the keep-alive and the unlock return pg_backend_pid(), compared with the
+//     backend that took the lock. It must be the same statement: a second one could
+//     run on the lock's backend again, and the lock would be taken for gone.
+//   - pgx's statement cache (the DSN's default) meets 42P05 or 26000: a statement
+//     prepared on one backend is missing, or exists already, on the one the proxy
+//     hands out (sqlerr.PooledStatement).
 //
 // From then on the Locker refuses (ErrUnsafeDeployment): the lease it was taking is
 // given back, the lease whose session moved ends with ErrLost, and the backend left
 // holding a lock is freed: unlocked if the pooler hands that backend to the Locker's
 // statement, else terminated once it is idle, waited for in the background for up to
 // 5 s if another client is using it (pg_terminate_backend of a backend of the same
-// role: the proxy drops that server connection and the lock dies with it).
+// role: the proxy drops that server connection and the lock dies with it). The
+// freeing statement goes by the simple protocol, so that pgx's statement cache does
+// not make it fail there.
 // AcquireTx, whose lock is scoped to the caller's transaction, is the pooler-safe
 // form. In pgbouncer's session mode a client keeps its backend and DISCARD ALL clears
 // both locks and stamp when it leaves: session locks are safe there.
@@ -72,6 +81,27 @@ func (l *Locker) poolerSeen(why string) error {
 		l.cfg.Logger.Error("sqllock/advisory: "+err.Error()+"; the Locker refuses from now on", "dialect", l.dialect.String())
 	}
 	return *l.st.pooled.Load()
+}
+
+// leftBehind looks at what a statement meant for backend sid, the one holding the
+// lock, returned: the backend it ran on (ranOn), or err. If it ran on another
+// backend, or err says a prepared statement went missing or exists twice (pgx's
+// statement cache behind the same kind of proxy), the lock may be left on sid: the
+// Locker refuses from now on, sid is freed (freeBackend), and leftBehind returns the
+// refusal. Otherwise it returns nil. what names the statement, for the refusal.
+func (l *Locker) leftBehind(ctx context.Context, sid, ranOn int64, err error, what string) error {
+	var why string
+	switch {
+	case err == nil && ranOn != sid:
+		why = fmt.Sprintf("%s on backend %d ran on backend %d", what, sid, ranOn)
+	case err != nil && sqlerr.PooledStatement(err):
+		why = fmt.Sprintf("%s on backend %d failed (%v)", what, sid, err)
+	default:
+		return nil
+	}
+	refusal := l.poolerSeen(why)
+	l.freeBackend(ctx, sid)
+	return refusal
 }
 
 // freeBackend frees backend pid, a session of this role left holding an advisory
@@ -126,15 +156,21 @@ func (l *Locker) freeAttempt(ctx context.Context, pid int64) bool {
 	// holding: the backend still exists and holds an advisory lock; freed: its locks
 	// were unlocked here, or it was idle long enough and is terminated (CASE
 	// evaluates the branch it takes only).
-	var holding, freed int
-	err := l.db.QueryRowContext(ctx, `SELECT count(*), coalesce(sum(CASE
+	var holding, freed int64
+	conn, err := l.db.Conn(ctx)
+	if err == nil {
+		// Unprepared: behind the proxy, a statement pgx prepared may be missing, or
+		// exist already, on the backend the proxy hands out.
+		err = direct.Unprepared(ctx, conn, `SELECT count(*), coalesce(sum(CASE
     WHEN a.pid = pg_backend_pid() THEN (SELECT 1 FROM pg_advisory_unlock_all() WHERE a.pid = pg_backend_pid())
     WHEN a.state = 'idle' AND a.state_change < clock_timestamp() - $2::interval AND pg_terminate_backend(a.pid) THEN 1
     ELSE 0 END), 0)
 FROM pg_stat_activity a
 WHERE a.pid = $1 AND a.backend_type = 'client backend' AND a.usename = current_user
   AND EXISTS (SELECT 1 FROM pg_locks k WHERE k.pid = a.pid AND k.locktype = 'advisory' AND k.granted)`,
-		pid, freeIdle.String()).Scan(&holding, &freed)
+			[]any{pid, freeIdle.String()}, &holding, &freed)
+		conn.Close()
+	}
 	if err != nil || holding == 0 || freed > 0 {
 		l.cfg.Logger.Warn("sqllock/advisory: freeing the pooled backend left holding a lock",
 			"pid", pid, "holding", holding, "freed", freed, "err", err)

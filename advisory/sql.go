@@ -15,6 +15,7 @@ import (
 	"github.com/sqllock/sqllock/internal/interrupt"
 	"github.com/sqllock/sqllock/internal/lease"
 	"github.com/sqllock/sqllock/internal/pin"
+	"github.com/sqllock/sqllock/internal/sqlerr"
 )
 
 // pgStatements holds the SQL of one PostgreSQL mode (exclusive or shared) and key form
@@ -98,9 +99,11 @@ func pgStatementsFor(ttl time.Duration, token bool) (t [2][2]pgStatements) {
 				st.wait[k] = "SELECT pid, prev" + outTok + " FROM (SELECT pg_backend_pid() AS pid, " + stamp + setCol + tok +
 					" FROM pg_advisory_lock" + suffix + args + ") s"
 			}
-			// One row if the lock was held (run directly: package direct).
-			st.unlock[fresh] = "SELECT 1 FROM (SELECT pg_advisory_unlock" + suffix + args + " AS ok, " + pgReset + ") s WHERE s.ok"
-			st.unlock[kept] = "SELECT 1 WHERE pg_advisory_unlock" + suffix + args
+			// Whether the lock was held, and the backend the unlock ran on: behind a
+			// transaction-pooling proxy it may not be the one that took the lock,
+			// which only the same statement can tell (run directly: package direct).
+			st.unlock[fresh] = "SELECT s.ok, pg_backend_pid() FROM (SELECT pg_advisory_unlock" + suffix + args + " AS ok, " + pgReset + ") s"
+			st.unlock[kept] = "SELECT pg_advisory_unlock" + suffix + args + ", pg_backend_pid()"
 			st.xact = "SELECT 1" + tok + " FROM pg_advisory_xact_lock" + suffix + args
 			st.tryXact = "SELECT l.got" + tokIfGot + " FROM (SELECT pg_try_advisory_xact_lock" + suffix + args + " AS got) l"
 		}
@@ -156,6 +159,11 @@ func (l *Locker) pgLock(ctx context.Context, conn *sql.Conn, keptSid int64, id l
 	moved := ""
 	switch {
 	case err != nil:
+		if sqlerr.PooledStatement(err) {
+			// The statement did not run (it failed at parse or bind): nothing taken,
+			// but the proxy is there.
+			return sid, 0, false, true, l.poolerSeen(fmt.Sprintf("the locking statement failed (%v)", err))
+		}
 	case foreignStamp(stamp, prev):
 		moved = fmt.Sprintf("backend %d carries another client connection's session", sid)
 	case keptSid != 0 && sid != keptSid:
@@ -179,14 +187,20 @@ func (l *Locker) pgLock(ctx context.Context, conn *sql.Conn, keptSid int64, id l
 }
 
 // unlockOn gives back the lock just taken on backend sid through conn, and reports
-// whether the unlock ran there and released it (behind a pooler it may run on
-// another backend). Bounded by lease.GiveBackTimeout whatever ctx says.
+// whether nothing more is to be done: the unlock ran there and released it, or it ran
+// on another backend (a transaction-pooling proxy), and then the Locker refuses from
+// now on and backend sid is being freed (leftBehind). Bounded by
+// lease.GiveBackTimeout whatever ctx says.
 func (l *Locker) unlockOn(ctx context.Context, conn *sql.Conn, id lockID, sid int64) bool {
 	gctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), lease.GiveBackTimeout)
 	defer cancel()
+	var ok bool
 	var pid int64
-	err := conn.QueryRowContext(gctx, "SELECT pg_backend_pid() FROM ("+l.pgStmts(id).unlock[fresh]+") u", id.pgArgs()...).Scan(&pid)
-	return err == nil && pid == sid
+	err := direct.Unprepared(gctx, conn, l.pgStmts(id).unlock[fresh], id.pgArgs(), &ok, &pid)
+	if l.leftBehind(ctx, sid, pid, err, "the unlock of the lock just taken") != nil {
+		return true
+	}
+	return err == nil && ok
 }
 
 func (l *Locker) interrupter() interrupt.Interrupter {

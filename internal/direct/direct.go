@@ -39,9 +39,26 @@ import (
 // with arguments, which it would prepare, run and close: three round trips; inline
 // them in query, or use a Stmt), runs it through database/sql (viaSQL).
 func Row(ctx context.Context, conn *sql.Conn, query string, args []any, dest ...any) error {
+	return row(ctx, conn, query, args, dest, false)
+}
+
+// Unprepared is Row for a statement that must leave nothing on the server session:
+// on pgx's driver it goes by the simple protocol whatever the connection's
+// default_query_exec_mode (pgx's statement cache prepares each statement on the
+// session, which a transaction-pooling proxy shares between client connections:
+// "prepared statement ... already exists" or "does not exist"); on another driver it
+// is Row.
+func Unprepared(ctx context.Context, conn *sql.Conn, query string, args []any, dest ...any) error {
+	return row(ctx, conn, query, args, dest, true)
+}
+
+func row(ctx context.Context, conn *sql.Conn, query string, args, dest []any, simple bool) error {
 	declined := false
 	err := conn.Raw(func(dc any) error {
 		if pc, ok := dc.(*stdlib.Conn); ok {
+			if simple {
+				args = append([]any{pgx.QueryExecModeSimpleProtocol}, args...)
+			}
 			return pgxRow(ctx, pc.Conn(), query, args, dest)
 		}
 		q, ok := dc.(driver.QueryerContext)

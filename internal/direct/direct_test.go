@@ -278,3 +278,41 @@ func (c prepareOnlyConn) Prepare(q string) (driver.Stmt, error) {
 func (c prepareOnlyConn) Close() error { return c.inner.Close() }
 
 func (c prepareOnlyConn) Begin() (driver.Tx, error) { return c.inner.Begin() }
+
+// TestUnprepared: on pgx with its statement cache (the DSN's default), Row leaves the
+// statement prepared on the server session and Unprepared leaves nothing
+// (pg_prepared_statements), with the same arguments and result; on MySQL
+// Unprepared is Row.
+func TestUnprepared(t *testing.T) {
+	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
+		_, conn := openConn(t, d)
+		ctx := testdb.Context(t, 30*time.Second)
+		q, args := "SELECT 40 + 2", []any(nil)
+		if d == sqllock.Postgres {
+			q, args = "SELECT $1::int8 + $2::int4 /* unprepared */", []any{int64(40), int32(2)}
+		}
+		var n int64
+		if err := direct.Unprepared(ctx, conn, q, args, &n); err != nil || n != 42 {
+			t.Fatalf("Unprepared: %v, %v", n, err)
+		}
+		if d != sqllock.Postgres {
+			return
+		}
+		prepared := func() int64 {
+			var c int64
+			if err := direct.Unprepared(ctx, conn, "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE '%/* unprepared */%'", nil, &c); err != nil {
+				t.Fatal(err)
+			}
+			return c
+		}
+		if c := prepared(); c != 0 {
+			t.Errorf("after Unprepared: %d prepared statements on the session; want 0", c)
+		}
+		if err := direct.Row(ctx, conn, q, args, &n); err != nil || n != 42 {
+			t.Fatalf("Row: %v, %v", n, err)
+		}
+		if c := prepared(); c != 1 {
+			t.Errorf("after Row: %d prepared statements on the session; want 1 (the test no longer shows the difference)", c)
+		}
+	})
+}

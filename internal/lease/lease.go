@@ -101,7 +101,7 @@ func NewError(op string, d sqllock.Dialect, name string, kind, cause error) erro
 	if kind == nil && sqlerr.Is(cause, sqlerr.UndefinedTable) {
 		kind = sqllock.ErrNotMigrated
 	}
-	if sqlerr.IsCode(cause, "42P05") || sqlerr.IsCode(cause, "26000") {
+	if sqlerr.PooledStatement(cause) {
 		cause = fmt.Errorf("%w (hint: a prepared statement went missing or exists twice on the server session, "+
 			"which a transaction-pooling proxy such as pgbouncer pool_mode=transaction causes with pgx's statement cache: "+
 			"set default_query_exec_mode=simple_protocol (or exec) in the DSN, or max_prepared_statements in pgbouncer 1.21+)", cause)

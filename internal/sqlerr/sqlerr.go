@@ -126,6 +126,12 @@ func Transient(err error) bool {
 // Is reports whether err is of class c.
 func Is(err error, c Class) bool { return Classify(err) == c }
 
+// PooledStatement reports whether err says that a prepared statement went missing
+// (26000) or exists twice (42P05) on the server session: what a
+// transaction-pooling proxy causes with pgx's statement cache, the statements of one
+// client connection landing on several server backends.
+func PooledStatement(err error) bool { return IsCode(err, "42P05") || IsCode(err, "26000") }
+
 // IsCode reports whether err is a PostgreSQL error with SQLSTATE code, or a MySQL
 // error whose number, in decimal, is code.
 func IsCode(err error, code string) bool {
