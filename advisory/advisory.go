@@ -1,6 +1,7 @@
 package advisory
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/sqllock/sqllock"
 	"github.com/sqllock/sqllock/internal/deploy"
+	"github.com/sqllock/sqllock/internal/direct"
 	"github.com/sqllock/sqllock/internal/fence"
 	"github.com/sqllock/sqllock/internal/lease"
 	"github.com/sqllock/sqllock/internal/namekey"
@@ -444,7 +446,17 @@ func (l *Locker) lock(ctx context.Context, op string, id lockID, wait bool) (*Le
 	// sent: the server's idle timer (the bound) restarts after it.
 	granted := time.Now()
 	if l.dialect == sqllock.Postgres {
-		sid, tok, ok, dirty, err = l.pgLock(ctx, conn, sid, id, wait)
+		keptSid := sid
+		sid, tok, ok, dirty, err = l.pgLock(ctx, conn, keptSid, id, wait)
+		if err != nil && l.st.pooled.Load() == nil && !sqlerr.Is(err, sqlerr.SessionLost) {
+			// A wait cancelled as the lock was granted fails, and the session keeps
+			// the lock. Discarding the session frees it, but not behind an undetected
+			// transaction-pooling proxy: unlock it first where the backend is known
+			// (its row came back before the error, or the session was kept).
+			if target := cmp.Or(sid, keptSid); target != 0 {
+				l.unlockOn(ctx, conn, id, target)
+			}
+		}
 	} else {
 		if id.myName == "" {
 			var ns string
@@ -488,16 +500,30 @@ func (l *Locker) lock(ctx context.Context, op string, id lockID, wait bool) (*Le
 		// The lock statement waited: the lease starts from a statement sent now, not
 		// from the start of the wait.
 		granted = time.Now()
-		q, ranOn := "SELECT 1", sid
+		// Not cancelled by ctx: an interrupted statement may break the connection,
+		// and the lock is given back on it below.
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), lease.GiveBackTimeout)
+		var err error
 		if l.dialect == sqllock.Postgres {
-			q = "SELECT pg_backend_pid()"
-		}
-		err := conn.QueryRowContext(ctx, q).Scan(&ranOn)
-		if l.dialect == sqllock.Postgres {
-			if refusal := l.leftBehind(ctx, sid, ranOn, err, "the statement after the wait for the lock"); refusal != nil {
-				l.pins.Discard(conn)
-				return nil, l.errorf(op, id, nil, refusal)
+			var ranOn int64
+			err = direct.Unprepared(sctx, conn, "SELECT pg_backend_pid()", nil, &ranOn)
+			if err == nil {
+				if refusal := l.leftBehind(ctx, sid, ranOn, "the statement after the wait for the lock"); refusal != nil {
+					cancel()
+					l.pins.Discard(conn)
+					return nil, l.errorf(op, id, nil, refusal)
+				}
 			}
+		} else {
+			err = conn.QueryRowContext(sctx, "SELECT 1").Scan(new(int))
+		}
+		cancel()
+		if err == nil && ctx.Err() != nil {
+			if l.dialect == sqllock.Postgres {
+				l.unlockOn(ctx, conn, id, sid) // see the grant as ctx ended, above
+			}
+			l.pins.Discard(conn)
+			return nil, l.errorf(op, id, sqllock.ErrNotAcquired, ctx.Err())
 		}
 		if err != nil {
 			l.pins.Discard(conn)

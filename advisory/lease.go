@@ -97,7 +97,9 @@ func (le *Lease) end(err error) {
 // put back before the connection returns to the pool. If the unlock statement cannot
 // run (the connection breaks) the session is closed instead, which frees the lock on
 // the server (at the latest when its bound runs out, if the server cannot be
-// reached). It gives the lock back even if ctx has already ended. Release returns an
+// reached; behind a transaction-pooling proxy the Locker has not noticed yet, only
+// when the pooled backend is idle for the bound: see the README's known
+// limitations). It gives the lock back even if ctx has already ended. Release returns an
 // error matching sqllock.ErrLost if the lease had been lost; later calls return nil.
 func (le *Lease) Release(ctx context.Context) error {
 	le.mu.Lock()
@@ -230,13 +232,16 @@ func (s *session) KeepAlive(ctx context.Context) (time.Duration, error) {
 	ctx = lease.OwnConn(ctx) // Release lets it finish: cancelling it would break the session
 	var sid int64
 	if s.l.dialect == sqllock.Postgres {
-		err := s.conn.QueryRowContext(ctx, "SELECT pg_backend_pid()").Scan(&sid)
-		if refusal := s.l.leftBehind(ctx, s.sid, sid, err, "the keep-alive of the session that took the lock"); refusal != nil {
-			// A *sql.Conn keeps its driver connection: only a proxy moves it.
-			return 0, lease.Gone(refusal)
+		err := direct.Row(ctx, s.conn, "SELECT pg_backend_pid()", nil, &sid)
+		if sqlerr.PooledStatement(err) { // see pgUnlock
+			err = direct.Unprepared(ctx, s.conn, "SELECT pg_backend_pid()", nil, &sid)
 		}
 		if err != nil {
 			return 0, keepAliveErr(err)
+		}
+		// A *sql.Conn keeps its driver connection: only a proxy moves it.
+		if refusal := s.l.leftBehind(ctx, s.sid, sid, "the keep-alive of the session that took the lock"); refusal != nil {
+			return 0, lease.Gone(refusal)
 		}
 	} else {
 		var holder sql.NullInt64
@@ -272,8 +277,8 @@ func (s *session) GiveBack(ctx context.Context, lost bool) error {
 	keep := s.l.pins.Reserve() // PostgreSQL: the unlock leaves the bound on a kept session
 	held, ranOn, err := s.unlock(ctx, keep)
 	var moved error // PostgreSQL: the unlock ran on another backend than the lock
-	if s.l.dialect == sqllock.Postgres {
-		moved = s.l.leftBehind(ctx, s.sid, ranOn, err, "the unlock of the lock taken")
+	if s.l.dialect == sqllock.Postgres && err == nil {
+		moved = s.l.leftBehind(ctx, s.sid, ranOn, "the unlock of the lock taken")
 	}
 	if keep && (err != nil || !held || moved != nil) {
 		s.l.pins.Unreserve()
@@ -314,8 +319,7 @@ func (s *session) unlock(ctx context.Context, keep bool) (held bool, ranOn int64
 		if keep {
 			k = kept
 		}
-		err = direct.Row(ctx, s.conn, s.l.pgStmts(s.id).unlock[k], s.id.pgArgs(), &held, &ranOn)
-		return held, ranOn, err
+		return s.l.pgUnlock(ctx, s.conn, s.id, s.sid, k)
 	}
 	var got sql.NullInt64
 	err = s.l.myRow(ctx, s.conn, "SELECT RELEASE_LOCK(?)", s.id.myName, &got)

@@ -13,15 +13,14 @@ import (
 	"github.com/sqllock/sqllock/internal/direct"
 	"github.com/sqllock/sqllock/internal/interrupt"
 	"github.com/sqllock/sqllock/internal/lease"
-	"github.com/sqllock/sqllock/internal/sqlerr"
 )
 
 // A session lock is only as good as the session: behind a transaction-pooling proxy
 // (pgbouncer pool_mode=transaction, RDS Proxy, Supavisor in transaction mode) the
 // statements of one client connection run on whichever server backend is free, so a
 // lock is taken on one backend, unlocked (or re-entered by another client!) on
-// another, and left held on a pooled backend. The Locker notices it in three ways,
-// at no extra round trip:
+// another, and left held on a pooled backend. The Locker notices it in two ways, at
+// no extra round trip:
 //
 //   - every PostgreSQL locking statement reads the session's stamp (a custom setting,
 //     sqllock.session) before writing its own: the stamp of this client connection,
@@ -30,10 +29,10 @@ import (
 //     that two client connections share a backend: a pooler.
 //   - the keep-alive and the unlock return pg_backend_pid(), compared with the
 //     backend that took the lock. It must be the same statement: a second one could
-//     run on the lock's backend again, and the lock would be taken for gone.
-//   - pgx's statement cache (the DSN's default) meets 42P05 or 26000: a statement
-//     prepared on one backend is missing, or exists already, on the one the proxy
-//     hands out (sqlerr.PooledStatement).
+//     run on the lock's backend again, and the lock would be taken for gone. The
+//     unlock unlocks only on that backend. With pgx's statement cache (the DSN's
+//     default) a statement the cache prepared on one backend fails on another
+//     (42P05, 26000) without running: it runs again by the simple protocol.
 //
 // From then on the Locker refuses (ErrUnsafeDeployment): the lease it was taking is
 // given back, the lease whose session moved ends with ErrLost, and the backend left
@@ -83,23 +82,16 @@ func (l *Locker) poolerSeen(why string) error {
 	return *l.st.pooled.Load()
 }
 
-// leftBehind looks at what a statement meant for backend sid, the one holding the
-// lock, returned: the backend it ran on (ranOn), or err. If it ran on another
-// backend, or err says a prepared statement went missing or exists twice (pgx's
-// statement cache behind the same kind of proxy), the lock may be left on sid: the
-// Locker refuses from now on, sid is freed (freeBackend), and leftBehind returns the
-// refusal. Otherwise it returns nil. what names the statement, for the refusal.
-func (l *Locker) leftBehind(ctx context.Context, sid, ranOn int64, err error, what string) error {
-	var why string
-	switch {
-	case err == nil && ranOn != sid:
-		why = fmt.Sprintf("%s on backend %d ran on backend %d", what, sid, ranOn)
-	case err != nil && sqlerr.PooledStatement(err):
-		why = fmt.Sprintf("%s on backend %d failed (%v)", what, sid, err)
-	default:
+// leftBehind looks at ranOn, the backend that a statement meant for backend sid (the
+// one holding the lock) ran on. If it is another backend, the lock may be left on
+// sid: the Locker refuses from now on, sid is freed (freeBackend), and leftBehind
+// returns the refusal. Otherwise it returns nil. what names the statement, for the
+// refusal.
+func (l *Locker) leftBehind(ctx context.Context, sid, ranOn int64, what string) error {
+	if ranOn == sid {
 		return nil
 	}
-	refusal := l.poolerSeen(why)
+	refusal := l.poolerSeen(fmt.Sprintf("%s on backend %d ran on backend %d", what, sid, ranOn))
 	l.freeBackend(ctx, sid)
 	return refusal
 }
@@ -108,11 +100,12 @@ func (l *Locker) leftBehind(ctx context.Context, sid, ranOn int64, err error, wh
 // lock behind a pooler: a lock left on a pooled server connection must not outlive
 // the lease. If the statement runs on that backend itself (the pooler hands it out
 // again) it unlocks the backend's session locks there; otherwise it terminates the
-// backend once it has been idle for freeIdle, and the lock dies with it. A backend
-// in use by another client (it runs a statement or a transaction of that client's)
-// is waited for in the background, polling every freePoll for up to
-// lease.GiveBackTimeout, so that the caller (Release, Acquire, the keep-alive)
-// returns at once; Close waits for it. Behind a transaction-pooling proxy the
+// backend once it has been idle for freeIdle, and the lock dies with it. It works in
+// the background, so that the caller (Release, Acquire, the keep-alive) returns at
+// once and gives its connection back first (an application pool of one connection
+// has none to spare for it until then): it polls a backend in use by another client
+// (a statement or a transaction of that client's) every freePoll, for up to
+// lease.GiveBackTimeout. Close waits for it. Behind a transaction-pooling proxy the
 // backend is free again when the other client's transaction ends.
 //
 // The termination races with the proxy: between the statement's look at the
@@ -121,17 +114,14 @@ func (l *Locker) leftBehind(ctx context.Context, sid, ranOn int64, err error, wh
 // freeIdle of idleness makes it rare (a proxy hands out its most recently used
 // server connections first), not impossible. Best effort: logged, never an error.
 func (l *Locker) freeBackend(ctx context.Context, pid int64) {
-	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), lease.GiveBackTimeout)
-	done := l.freeAttempt(actx, pid)
-	cancel()
-	if done {
-		return
-	}
-	l.cfg.Logger.Warn("sqllock/advisory: the pooled backend left holding a lock is in use; waiting for it to be idle",
-		"pid", pid)
 	l.st.freeing.Go(func() {
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), lease.GiveBackTimeout)
 		defer cancel()
+		if l.freeAttempt(ctx, pid) {
+			return
+		}
+		l.cfg.Logger.Warn("sqllock/advisory: the pooled backend left holding a lock is in use; waiting for it to be idle",
+			"pid", pid)
 		t := time.NewTicker(freePoll)
 		defer t.Stop()
 		for {

@@ -68,3 +68,65 @@ func TestForeignSessionStampRefuses(t *testing.T) {
 		t.Fatalf("AcquireTx after the refusal: %v", err)
 	}
 }
+
+// TestDeallocatedStatements: on a direct session, pgx's statement cache meets 26000
+// (prepared statement does not exist) after the application ran DEALLOCATE ALL on a
+// pooled connection, as behind a transaction-pooling proxy. That alone is not the
+// proxy: the Locker goes on (no ErrUnsafeDeployment), and its unlock, which the
+// cache prepared, runs again by the simple protocol and releases.
+func TestDeallocatedStatements(t *testing.T) {
+	d := sqllock.Postgres
+	db := testdb.Open(t, d) // pgx's default statement cache
+	db.SetMaxOpenConns(1)   // the application's DEALLOCATE runs on the Locker's session
+	l, err := advisory.New(db, d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	ctx := testdb.Context(t, time.Minute)
+	name := testdb.Name(t)
+	deallocate := func() {
+		t.Helper()
+		if _, err := db.ExecContext(ctx, "DEALLOCATE ALL"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	le, err := l.TryAcquire(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := le.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	deallocate()
+	acquired := 0
+	for i := range 3 {
+		le, err := l.TryAcquire(ctx, name)
+		if errors.Is(err, sqllock.ErrUnsafeDeployment) {
+			t.Fatalf("attempt %d after DEALLOCATE ALL: %v; a direct session taken for a pooler", i, err)
+		}
+		if err != nil {
+			t.Logf("attempt %d after DEALLOCATE ALL: %v", i, err) // pgx drops the stale entry
+			continue
+		}
+		acquired++
+		if err := le.Release(ctx); err != nil {
+			t.Fatalf("attempt %d: Release: %v", i, err)
+		}
+		deallocate() // the unlock's statement too, before the next Release
+	}
+	if acquired == 0 {
+		t.Fatal("no acquisition in 3 attempts after DEALLOCATE ALL")
+	}
+	// Nothing is left: a Locker of another pool takes the name at once.
+	other, err := advisory.New(testdb.Open(t, d), d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { other.Close() })
+	le, err = other.TryAcquire(ctx, name)
+	if err != nil {
+		t.Fatalf("another Locker after the releases: %v", err)
+	}
+	le.Release(ctx)
+}

@@ -67,9 +67,9 @@ func pgStatementsFor(ttl time.Duration, token bool) (t [2][2]pgStatements) {
 			if sh == 1 {
 				suffix = "_shared"
 			}
-			args, stampArg := "($1::int4, $2::int4)", "$3::text"
+			args, stampArg, sidArg := "($1::int4, $2::int4)", "$3::text", "$3"
 			if raw == 1 {
-				args, stampArg = "($1::int8)", "$2::text"
+				args, stampArg, sidArg = "($1::int8)", "$2::text", "$2"
 			}
 			// The session's stamp is read before this statement writes its own (see
 			// pooler.go): left to right in one select list.
@@ -99,11 +99,15 @@ func pgStatementsFor(ttl time.Duration, token bool) (t [2][2]pgStatements) {
 				st.wait[k] = "SELECT pid, prev" + outTok + " FROM (SELECT pg_backend_pid() AS pid, " + stamp + setCol + tok +
 					" FROM pg_advisory_lock" + suffix + args + ") s"
 			}
-			// Whether the lock was held, and the backend the unlock ran on: behind a
-			// transaction-pooling proxy it may not be the one that took the lock,
-			// which only the same statement can tell (run directly: package direct).
-			st.unlock[fresh] = "SELECT s.ok, pg_backend_pid() FROM (SELECT pg_advisory_unlock" + suffix + args + " AS ok, " + pgReset + ") s"
-			st.unlock[kept] = "SELECT pg_advisory_unlock" + suffix + args + ", pg_backend_pid()"
+			// The unlock is meant for the backend that took the lock (the last
+			// argument): it returns whether the lock was held there, NULL if it ran on
+			// another backend, where it touches nothing (behind a transaction-pooling
+			// proxy, another client's session: an unlock there could end that
+			// client's shared or re-entered hold), and the backend it ran on. Only the
+			// same statement can tell where it ran (run directly: package direct).
+			on := "CASE WHEN pg_backend_pid() = " + sidArg + "::int4 THEN "
+			st.unlock[fresh] = "SELECT " + on + "(SELECT s.ok FROM (SELECT pg_advisory_unlock" + suffix + args + " AS ok, " + pgReset + ") s) END, pg_backend_pid()"
+			st.unlock[kept] = "SELECT " + on + "pg_advisory_unlock" + suffix + args + " END, pg_backend_pid()"
 			st.xact = "SELECT 1" + tok + " FROM pg_advisory_xact_lock" + suffix + args
 			st.tryXact = "SELECT l.got" + tokIfGot + " FROM (SELECT pg_try_advisory_xact_lock" + suffix + args + " AS got) l"
 		}
@@ -159,11 +163,6 @@ func (l *Locker) pgLock(ctx context.Context, conn *sql.Conn, keptSid int64, id l
 	moved := ""
 	switch {
 	case err != nil:
-		if sqlerr.PooledStatement(err) {
-			// The statement did not run (it failed at parse or bind): nothing taken,
-			// but the proxy is there.
-			return sid, 0, false, true, l.poolerSeen(fmt.Sprintf("the locking statement failed (%v)", err))
-		}
 	case foreignStamp(stamp, prev):
 		moved = fmt.Sprintf("backend %d carries another client connection's session", sid)
 	case keptSid != 0 && sid != keptSid:
@@ -194,13 +193,27 @@ func (l *Locker) pgLock(ctx context.Context, conn *sql.Conn, keptSid int64, id l
 func (l *Locker) unlockOn(ctx context.Context, conn *sql.Conn, id lockID, sid int64) bool {
 	gctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), lease.GiveBackTimeout)
 	defer cancel()
-	var ok bool
-	var pid int64
-	err := direct.Unprepared(gctx, conn, l.pgStmts(id).unlock[fresh], id.pgArgs(), &ok, &pid)
-	if l.leftBehind(ctx, sid, pid, err, "the unlock of the lock just taken") != nil {
+	held, ranOn, err := l.pgUnlock(gctx, conn, id, sid, fresh)
+	if err == nil && l.leftBehind(ctx, sid, ranOn, "the unlock of the lock just taken") != nil {
 		return true
 	}
-	return err == nil && ok
+	return err == nil && held
+}
+
+// pgUnlock runs the unlock statement k (fresh or kept) of id on conn, meant for
+// backend sid: it reports whether the lock was held there and released, and the
+// backend it ran on. A statement that pgx's cache prepared and that is missing on the
+// server session, or exists there already (42P05, 26000: a transaction-pooling
+// proxy, or DEALLOCATE on the session), did not run: it runs again by the simple
+// protocol.
+func (l *Locker) pgUnlock(ctx context.Context, conn *sql.Conn, id lockID, sid int64, k int) (held bool, ranOn int64, err error) {
+	q, args := l.pgStmts(id).unlock[k], append(id.pgArgs(), sid)
+	var ok sql.NullBool
+	err = direct.Row(ctx, conn, q, args, &ok, &ranOn)
+	if sqlerr.PooledStatement(err) {
+		err = direct.Unprepared(ctx, conn, q, args, &ok, &ranOn)
+	}
+	return ok.Valid && ok.Bool, ranOn, err
 }
 
 func (l *Locker) interrupter() interrupt.Interrupter {

@@ -128,16 +128,6 @@ func fill(dest []any, n int, skip any) ([]any, error) {
 	return all, nil
 }
 
-// Exists runs query with args on conn's driver connection and reports whether it
-// returned a row. See Row.
-func Exists(ctx context.Context, conn *sql.Conn, query string, args []any) (bool, error) {
-	err := Row(ctx, conn, query, args)
-	if errors.Is(err, sql.ErrNoRows) {
-		return false, nil
-	}
-	return err == nil, err
-}
-
 // named returns vals as the driver's ordinal arguments. The values go to the driver
 // as they are.
 func named(vals []any) []driver.NamedValue {
@@ -277,7 +267,7 @@ func pgxRow(ctx context.Context, c *pgx.Conn, query string, args []any, dest []a
 		}
 		return sql.ErrNoRows
 	}
-	if len(dest) > 0 { // Exists reads nothing
+	if len(dest) > 0 { // no destination: the row's existence only
 		all, err := fill(dest, len(rows.FieldDescriptions()), nil) // pgx skips a nil destination
 		if err != nil {
 			return err

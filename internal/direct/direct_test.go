@@ -32,7 +32,7 @@ func openConn(t *testing.T, d sqllock.Dialect) (*sql.DB, *sql.Conn) {
 }
 
 // TestRow: a row scans into *bool, *int64 and sql.Scanners, NULL into a Null type is
-// not valid and into an *int64 an error, no row is sql.ErrNoRows (Exists: false).
+// not valid and into an *int64 an error, no row is sql.ErrNoRows.
 func TestRow(t *testing.T) {
 	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
 		_, conn := openConn(t, d)
@@ -57,11 +57,8 @@ func TestRow(t *testing.T) {
 		if err := direct.Row(ctx, conn, none, nil, &n); !errors.Is(err, sql.ErrNoRows) {
 			t.Fatalf("no row: %v, want sql.ErrNoRows", err)
 		}
-		if ok, err := direct.Exists(ctx, conn, none, nil); ok || err != nil {
-			t.Fatalf("Exists of no row = %v, %v", ok, err)
-		}
-		if ok, err := direct.Exists(ctx, conn, "SELECT 1", nil); !ok || err != nil {
-			t.Fatalf("Exists of a row = %v, %v", ok, err)
+		if err := direct.Row(ctx, conn, "SELECT 1", nil); err != nil {
+			t.Fatalf("a row, no destination: %v", err)
 		}
 		if d == sqllock.Postgres {
 			if err := direct.Row(ctx, conn, "SELECT $1::int8 + $2::int4", []any{int64(40), int32(2)}, &n); err != nil || n != 42 {
@@ -242,8 +239,8 @@ func TestDeclined(t *testing.T) {
 		if err := direct.Row(ctx, conn, none, nil, &n); !errors.Is(err, sql.ErrNoRows) {
 			t.Fatalf("no row: %v, want sql.ErrNoRows", err)
 		}
-		if ok, err := direct.Exists(ctx, conn, "SELECT 1", nil); !ok || err != nil {
-			t.Fatalf("Exists of a row = %v, %v", ok, err)
+		if err := direct.Row(ctx, conn, "SELECT 1", nil); err != nil {
+			t.Fatalf("a row, no destination: %v", err)
 		}
 
 		// Arguments, on a connection of the driver itself.
