@@ -43,7 +43,9 @@ func Row(ctx context.Context, conn *sql.Conn, query string, args []any, dest ...
 }
 
 // Unprepared is Row for a statement that must leave nothing on the server session:
-// on pgx's driver it goes by the simple protocol whatever the connection's
+// on pgx's driver, or a wrapper of it that exposes the pgx connection (Conn()
+// *pgx.Conn: tracing and counting wrappers; the statement then bypasses the
+// wrapper), it goes by the simple protocol whatever the connection's
 // default_query_exec_mode (pgx's statement cache prepares each statement on the
 // session, which a transaction-pooling proxy shares between client connections:
 // "prepared statement ... already exists" or "does not exist"); on another driver it
@@ -55,11 +57,11 @@ func Unprepared(ctx context.Context, conn *sql.Conn, query string, args []any, d
 func row(ctx context.Context, conn *sql.Conn, query string, args, dest []any, simple bool) error {
 	declined := false
 	err := conn.Raw(func(dc any) error {
-		if pc, ok := dc.(*stdlib.Conn); ok {
-			if simple {
-				args = append([]any{pgx.QueryExecModeSimpleProtocol}, args...)
-			}
+		if pc, ok := dc.(*stdlib.Conn); ok && !simple {
 			return pgxRow(ctx, pc.Conn(), query, args, dest)
+		}
+		if pc, ok := dc.(interface{ Conn() *pgx.Conn }); ok && simple && pc.Conn() != nil {
+			return pgxRow(ctx, pc.Conn(), query, append([]any{pgx.QueryExecModeSimpleProtocol}, args...), dest)
 		}
 		q, ok := dc.(driver.QueryerContext)
 		if !ok {

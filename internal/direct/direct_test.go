@@ -278,11 +278,27 @@ func (c prepareOnlyConn) Begin() (driver.Tx, error) { return c.inner.Begin() }
 
 // TestUnprepared: on pgx with its statement cache (the DSN's default), Row leaves the
 // statement prepared on the server session and Unprepared leaves nothing
-// (pg_prepared_statements), with the same arguments and result; on MySQL
-// Unprepared is Row.
+// (pg_prepared_statements), with the same arguments and result, also through a
+// wrapper of pgx's driver (testdb.OpenCounting); on MySQL Unprepared is Row.
 func TestUnprepared(t *testing.T) {
 	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
-		_, conn := openConn(t, d)
+		_, plain := openConn(t, d)
+		wrapped, err := testdb.OpenCounting(t, d, new(atomic.Int64)).Conn(testdb.Context(t, 30*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { wrapped.Close() })
+		for _, c := range []struct {
+			name string
+			conn *sql.Conn
+		}{{"pgx", plain}, {"wrapped", wrapped}} {
+			t.Run(c.name, func(t *testing.T) { unprepared(t, d, c.conn) })
+		}
+	})
+}
+
+func unprepared(t *testing.T, d sqllock.Dialect, conn *sql.Conn) {
+	{
 		ctx := testdb.Context(t, 30*time.Second)
 		q, args := "SELECT 40 + 2", []any(nil)
 		if d == sqllock.Postgres {
@@ -311,5 +327,5 @@ func TestUnprepared(t *testing.T) {
 		if c := prepared(); c != 1 {
 			t.Errorf("after Row: %d prepared statements on the session; want 1 (the test no longer shows the difference)", c)
 		}
-	})
+	}
 }
