@@ -281,7 +281,8 @@ var privileges = map[string]map[sqllock.Dialect][]string{
 	"forupdate": {
 		sqllock.Postgres: {"SELECT, INSERT, UPDATE ON sqllock_rowlock", "USAGE ON SEQUENCE sqllock_rowlock_token_seq",
 			"SELECT, INSERT ON sqllock_epoch", "USAGE ON SEQUENCE sqllock_token_seq"},
-		sqllock.MySQL: {"SELECT, INSERT, UPDATE, DELETE ON sqllock_rowlock"},
+		sqllock.MySQL: {"SELECT, INSERT, UPDATE, DELETE ON sqllock_rowlock",
+			"SELECT, INSERT ON sqllock_epoch", "SELECT, INSERT, UPDATE ON sqllock_run"},
 	},
 	"advisory": {
 		sqllock.Postgres: {"SELECT, INSERT ON sqllock_epoch", "USAGE ON SEQUENCE sqllock_token_seq"},

@@ -14,12 +14,15 @@
 // the lock is granted (after any wait for it, so tokens grow in the order the lock
 // is granted), from a source that a rollback does not undo (on PostgreSQL
 // epoch-prefixed values of a sequence, fence.EpochPostgres; on MySQL the
-// AUTO_INCREMENT counter, by REPLACEing the locked row), and stores it in the row,
-// where it commits or rolls back with the business writes. So Lease.Token is
-// strictly increasing per name even across holders that rolled back or whose session
-// died (a token incremented in the row alone would be handed out again after such a
-// holder, defeating fencing), and the row shows the token of the last committed
-// holder.
+// AUTO_INCREMENT counter, by REPLACEing the locked row, raised to the epoch of the
+// server's run << 44 before a session draws), and stores it in the row, where it
+// commits or rolls back with the business writes. So Lease.Token is strictly
+// increasing per name even across holders that rolled back or whose session died (a
+// token incremented in the row alone would be handed out again after such a holder,
+// defeating fencing), and across crashes of the server (a value drawn but never made
+// durable is below the next run's epoch), and the row shows the token of the last
+// committed holder. On MySQL Group Replication, which refuses the MEMORY table that
+// marks a run, tokens are not protected across a crash (logged once per Locker).
 //
 // Rows are created on first use with an autocommit INSERT, outside the waiting
 // transaction, so concurrent first use of a name neither deadlocks nor fails

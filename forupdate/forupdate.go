@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -170,6 +171,10 @@ type Locker struct {
 	// that go straight to the bounded wait, without first trying to take the lock at
 	// once (see lockRow): set when such a try found the lock held.
 	skipNowait atomic.Int32
+	// MySQL with tokens: the server runs' epochs (see raiseTokens); noRuns once the
+	// server refused to record one (Group Replication, error 3098).
+	myRun  fence.MySQLRun
+	noRuns atomic.Bool
 }
 
 // skipNowaitAfterBusy is how many acquisitions skip the try at once after one found
@@ -218,6 +223,10 @@ func New(db *sql.DB, d sqllock.Dialect, opts ...Option) (*Locker, error) {
 	}
 	if cfg.isolation != sql.LevelDefault {
 		l.txOpts = &sql.TxOptions{Isolation: cfg.isolation}
+	}
+	if d == sqllock.MySQL && !cfg.noToken {
+		l.myRun = fence.MySQLRun{NewestEpoch: cfg.GaleraSingleWriter}
+		l.pins.OnSession([]string{l.myRun.EpochSQL(), myRaisedEpoch}, l.raiseTokens)
 	}
 	return l, nil
 }
@@ -525,6 +534,52 @@ func (l *Locker) newTarget(ctx context.Context, conn *sql.Conn) (waitTarget, err
 		t.pid, err = l.pins.SessionID(ctx, conn)
 	}
 	return t, err
+}
+
+// raiseTokens makes the tokens a MySQL session draws larger than every token drawn
+// in the server's earlier runs, before the session draws one. A token is an
+// AUTO_INCREMENT value drawn in the lock transaction, which nothing makes durable
+// before that transaction commits: after a crash InnoDB may hand it out again,
+// though its holder may have shown it to a resource already. So every run of the
+// server has an epoch, one more than the last one recorded, committed before it is
+// used (fence.MySQLRun, which advisory's tokens use too), and sqllock_rowlock's
+// AUTO_INCREMENT is raised to epoch << fence.EpochShift by a row of its own
+// (myEpochKey, whose token is that value) before a session of the run draws: the
+// tokens of a run lie between its epoch's value and the next epoch's. vals are the
+// current run's epoch (NULL: none yet) and the epoch the counter was raised to, read
+// with the session's id (pin.Pool.OnSession): no round trip, but where the run is
+// new.
+//
+// Group Replication refuses writes to sqllock_run's MEMORY table (error 3098): there
+// the Locker logs once that tokens are not protected across a crash, and draws as
+// before.
+func (l *Locker) raiseTokens(ctx context.Context, conn *sql.Conn, vals []sql.NullInt64) error {
+	run, raised := vals[0], vals[1]
+	if l.noRuns.Load() || (run.Valid && raised.Valid && raised.Int64 >= run.Int64) {
+		return nil
+	}
+	epoch := run.Int64
+	if !run.Valid {
+		var err error
+		if epoch, err = l.myRun.Epoch(ctx, conn); err != nil {
+			if sqlerr.IsCode(err, "3098") {
+				if l.noRuns.CompareAndSwap(false, true) {
+					l.cfg.Logger.Warn("sqllock/forupdate: the server refuses the MEMORY table sqllock_run (Group Replication): "+
+						"the fencing tokens of a lease held when the server crashes may be handed out again after its restart", "err", err)
+				}
+				return nil
+			}
+			return err
+		}
+		if raised.Valid && raised.Int64 >= epoch {
+			return nil
+		}
+	}
+	// REPLACE: an explicit value raises AUTO_INCREMENT (an UPDATE does not on
+	// MariaDB). Of sessions that raise it at once the largest value stays.
+	_, err := conn.ExecContext(ctx, "REPLACE INTO sqllock_rowlock (lock_key, name, token) VALUES ("+
+		myEpochKey+", '', "+strconv.FormatInt(epoch<<fence.EpochShift, 10)+")")
+	return err
 }
 
 // boundStart is when a lease's server-enforced bound is known to run from, on the

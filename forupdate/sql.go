@@ -122,6 +122,10 @@ LIMIT 1 FOR UPDATE SKIP LOCKED`
 	myCreateFmt = `INSERT /* %s */ INTO sqllock_rowlock (lock_key, name) VALUES (?, ?)`
 	myVersion   = `SELECT VERSION()`
 	myCommitted = `SELECT token FROM sqllock_rowlock WHERE lock_key = ?`
+	// myEpochKey is the lock_key of sqllock_rowlock's epoch row (see raiseTokens): no
+	// name's SHA-256. myRaisedEpoch reads the epoch its token was raised to.
+	myEpochKey    = "x'0000000000000000000000000000000000000000000000000000000000000000'"
+	myRaisedEpoch = "(SELECT token >> 44 FROM sqllock_rowlock WHERE lock_key = " + myEpochKey + ")"
 )
 
 // myLocking returns the MySQL statement that takes the row lock of key (and, with

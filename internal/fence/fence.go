@@ -231,6 +231,33 @@ func (r MySQLRun) Drawn(ctx context.Context, q Execer, stmt string) (tok int64, 
 	}
 }
 
+// EpochSQL is a select-list expression of the epoch of the server's current run (the
+// epoch sqllock_run's counter is of), NULL while the run has none (see Epoch).
+func (r MySQLRun) EpochSQL() string {
+	return "(SELECT v >> " + strconv.Itoa(EpochShift) + " FROM sqllock_run" + r.guard() + ")"
+}
+
+// Epoch returns the epoch of the server's current run, recording one (through q) if
+// the run has none yet. The epoch is committed before Epoch returns: a later run's is
+// larger.
+func (r MySQLRun) Epoch(ctx context.Context, q Execer) (int64, error) {
+	for attempt := 0; ; attempt++ {
+		var e sql.NullInt64
+		if err := q.QueryRowContext(ctx, "SELECT "+r.EpochSQL()).Scan(&e); err != nil {
+			return 0, err
+		}
+		switch {
+		case e.Valid:
+			return e.Int64, nil
+		case attempt == 3:
+			return 0, errors.New("fence: the server's run has no current epoch after recording one")
+		}
+		if err := r.newRun(ctx, q); err != nil {
+			return 0, err
+		}
+	}
+}
+
 // runMu makes the goroutines of a process that find a run without a current epoch
 // record one epoch, not one each.
 var runMu sync.Mutex

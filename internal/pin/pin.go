@@ -66,6 +66,9 @@ type Pool struct {
 	log      *slog.Logger
 	// reserve: the Pool keeps sessions reserved with Reserve (NewKeeping).
 	reserve bool
+	// onCols and onSession: see OnSession.
+	onCols    []string
+	onSession func(ctx context.Context, conn *sql.Conn, vals []sql.NullInt64) error
 
 	mu       sync.Mutex
 	idle     []idleConn
@@ -178,11 +181,32 @@ func (p *Pool) SessionID(ctx context.Context, conn *sql.Conn) (int64, error) {
 	if p.dialect == sqllock.Postgres {
 		q = "SELECT pg_backend_pid()"
 	}
-	if err := conn.QueryRowContext(ctx, q).Scan(&id); err != nil {
+	vals := make([]sql.NullInt64, len(p.onCols))
+	dest := []any{&id}
+	for i, c := range p.onCols {
+		q += ", " + c
+		dest = append(dest, &vals[i])
+	}
+	if err := conn.QueryRowContext(ctx, q).Scan(dest...); err != nil {
 		return 0, err
+	}
+	if p.onSession != nil {
+		if err := p.onSession(ctx, conn, vals); err != nil {
+			return 0, err
+		}
 	}
 	p.record(conn, id)
 	return id, nil
+}
+
+// OnSession makes SessionID, when it asks a session's id, also read cols (SQL
+// expressions of integer or NULL values) in the same statement and pass their values
+// to check, which may run statements on conn. It runs once per session as SessionID
+// asks once; an error of check is SessionID's, and the id is not remembered, so that
+// the next SessionID of the session asks and checks again. Call before the Pool is
+// used.
+func (p *Pool) OnSession(cols []string, check func(ctx context.Context, conn *sql.Conn, vals []sql.NullInt64) error) {
+	p.onCols, p.onSession = cols, check
 }
 
 // record remembers sid as conn's session id (0: nothing to remember).
