@@ -155,28 +155,7 @@ func bouncerLeftLockFreed(t *testing.T, lab *ha.Lab, primary *sql.DB, txDSN stri
 		t.Fatalf("the lock's backend: %v", err)
 	}
 
-	// Transactions of another client until one runs on the lock's backend.
-	other := lab.Open(t, "pgx", txDSN)
-	var busy *sql.Tx
-	var spare []*sql.Tx
-	for busy == nil {
-		if len(spare) >= 15 {
-			t.Fatalf("%d transactions through pgbouncer, none on backend %d", len(spare), holder)
-		}
-		tx, err := other.BeginTx(ctx, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if testdb.SessionID(ctx, t, sqllock.Postgres, tx) == holder {
-			busy = tx
-		} else {
-			spare = append(spare, tx)
-		}
-	}
-	for _, tx := range spare {
-		tx.Rollback()
-	}
-	t.Logf("backend %d holds the lock and runs another client's transaction (%d others tried first)", holder, len(spare))
+	busy := busyBackend(t, ctx, lab.Open(t, "pgx", txDSN), holder)
 
 	// Release returns at once, with ErrLost, and the freeing waits in the background.
 	start := time.Now()
@@ -237,27 +216,7 @@ func TestBouncerSharedUnlockElsewhere(t *testing.T) {
 		t.Fatalf("A: %v", err)
 	}
 	x := leA.(*advisory.Lease).SessionID()
-	// Transactions of another client until one runs on A's backend.
-	other := lab.Open(t, "pgx", txDSN)
-	var busy *sql.Tx
-	var spare []*sql.Tx
-	for busy == nil {
-		if len(spare) >= 15 {
-			t.Fatalf("%d transactions through pgbouncer, none on backend %d", len(spare), x)
-		}
-		tx, err := other.BeginTx(ctx, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if testdb.SessionID(ctx, t, sqllock.Postgres, tx) == x {
-			busy = tx
-		} else {
-			spare = append(spare, tx)
-		}
-	}
-	for _, tx := range spare {
-		tx.Rollback()
-	}
+	busy := busyBackend(t, ctx, lab.Open(t, "pgx", txDSN), x)
 	leB, err := lb.Acquire(ctx, name)
 	if err != nil {
 		t.Fatalf("B: %v", err)
@@ -391,6 +350,33 @@ func TestBouncerNothingLeft(t *testing.T) {
 			}
 		})
 	}
+}
+
+// busyBackend begins transactions of another client (db, through pgbouncer in
+// transaction mode) until one runs on backend pid, and returns it open: pid is then
+// busy until it ends. pgbouncer hands out its last used server connection first, so
+// the first one usually does.
+func busyBackend(t *testing.T, ctx context.Context, db *sql.DB, pid int64) *sql.Tx {
+	t.Helper()
+	var spare []*sql.Tx
+	defer func() {
+		for _, tx := range spare {
+			tx.Rollback()
+		}
+	}()
+	for len(spare) < 15 {
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if testdb.SessionID(ctx, t, sqllock.Postgres, tx) == pid {
+			t.Logf("backend %d runs another client's transaction (%d others tried first)", pid, len(spare))
+			return tx
+		}
+		spare = append(spare, tx)
+	}
+	t.Fatalf("%d transactions through pgbouncer, none on backend %d", len(spare), pid)
+	return nil
 }
 
 // clearStamps empties the session stamp (sqllock.session) that advisory Lockers of
