@@ -157,7 +157,14 @@
 // first and draws the token in a second statement. On PostgreSQL with a driver other
 // than pgx each attempt asks its session's pid (pg_backend_pid()). The first
 // acquisition of a name creates its row, and the first token of a PostgreSQL
-// server's run records the run's epoch (see fence.Drawn).
+// server's run records the run's epoch (see fence.Drawn). On MySQL, with a token, the
+// query of a session's CONNECTION_ID() also reads the run's epoch and the epoch the
+// counter was raised to; in a new run the first session records the epoch (a write
+// to sqllock_run that changes nothing first, to find out Group Replication), and
+// raises the counter with sqllock_rowlock's epoch row (key of 32 zero bytes, empty
+// name, a row no name has): an INSERT the first time ever, then a transaction that
+// locks that row and REPLACEs it only if it is below the epoch, so that sessions of
+// the same new run raise it once.
 //
 // Interrupting a waiter whose ctx ended needs no pooled connection on PostgreSQL with
 // pgx (cancel requests go out of band). On MySQL, KILL QUERY is sent from a pooled

@@ -552,7 +552,8 @@ func (l *Locker) newTarget(ctx context.Context, conn *sql.Conn) (waitTarget, err
 //
 // Group Replication refuses writes to sqllock_run's MEMORY table (error 3098): there
 // the Locker logs once that tokens are not protected across a crash, and draws as
-// before.
+// before. A write that changes nothing finds it out before an epoch is recorded (each
+// would use one up for good).
 func (l *Locker) raiseTokens(ctx context.Context, conn *sql.Conn, vals []sql.NullInt64) error {
 	run, raised := vals[0], vals[1]
 	if l.noRuns.Load() || (run.Valid && raised.Valid && raised.Int64 >= run.Int64) {
@@ -560,26 +561,54 @@ func (l *Locker) raiseTokens(ctx context.Context, conn *sql.Conn, vals []sql.Nul
 	}
 	epoch := run.Int64
 	if !run.Valid {
-		var err error
-		if epoch, err = l.myRun.Epoch(ctx, conn); err != nil {
-			if sqlerr.IsCode(err, "3098") {
-				if l.noRuns.CompareAndSwap(false, true) {
-					l.cfg.Logger.Warn("sqllock/forupdate: the server refuses the MEMORY table sqllock_run (Group Replication): "+
-						"the fencing tokens of a lease held when the server crashes may be handed out again after its restart", "err", err)
-				}
-				return nil
-			}
-			return err
+		_, err := conn.ExecContext(ctx, "UPDATE sqllock_run SET v = v WHERE id = 0")
+		if err == nil {
+			epoch, err = l.myRun.Epoch(ctx, conn)
 		}
-		if raised.Valid && raised.Int64 >= epoch {
+		if sqlerr.IsCode(err, "3098") {
+			if l.noRuns.CompareAndSwap(false, true) {
+				l.cfg.Logger.Warn("sqllock/forupdate: the server refuses the MEMORY table sqllock_run (Group Replication): "+
+					"the fencing tokens of a lease held when the server crashes may be handed out again after its restart", "err", err)
+			}
 			return nil
 		}
+		if err != nil {
+			return err
+		}
 	}
-	// REPLACE: an explicit value raises AUTO_INCREMENT (an UPDATE does not on
-	// MariaDB). Of sessions that raise it at once the largest value stays.
-	_, err := conn.ExecContext(ctx, "REPLACE INTO sqllock_rowlock (lock_key, name, token) VALUES ("+
-		myEpochKey+", '', "+strconv.FormatInt(epoch<<fence.EpochShift, 10)+")")
-	return err
+	return raiseCounter(ctx, conn, epoch)
+}
+
+// raiseCounter raises sqllock_rowlock's AUTO_INCREMENT to epoch << EpochShift, with
+// the epoch row, unless it is there already. Sessions that raise it at once (clients
+// reconnecting after a restart) go one after the other on the epoch row's lock, and
+// only the first writes: a second REPLACE of the same value would check the token's
+// unique index for it, lock the next entry there, the first token of the run, and wait
+// for that lease to end.
+func raiseCounter(ctx context.Context, conn *sql.Conn, epoch int64) error {
+	v := strconv.FormatInt(epoch<<fence.EpochShift, 10)
+	// The epoch row, if missing: inserted at once (a row to lock below).
+	_, err := conn.ExecContext(ctx, "INSERT INTO sqllock_rowlock (lock_key, name, token) VALUES ("+myEpochKey+", '', "+v+")")
+	if err == nil || !sqlerr.Is(err, sqlerr.Duplicate) {
+		return err
+	}
+	tx, err := conn.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	var cur int64
+	if err := tx.QueryRowContext(ctx, "SELECT token >> "+strconv.Itoa(fence.EpochShift)+" FROM sqllock_rowlock WHERE lock_key = "+myEpochKey+" FOR UPDATE").Scan(&cur); err != nil {
+		return err
+	}
+	if cur < epoch {
+		// REPLACE: an explicit value raises AUTO_INCREMENT (an UPDATE does not on
+		// MariaDB).
+		if _, err := tx.ExecContext(ctx, "REPLACE INTO sqllock_rowlock (lock_key, name, token) VALUES ("+myEpochKey+", '', "+v+")"); err != nil {
+			return err
+		}
+	}
+	return tx.Commit()
 }
 
 // boundStart is when a lease's server-enforced bound is known to run from, on the

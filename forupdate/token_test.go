@@ -38,11 +38,12 @@ func TestTokensAcrossCrash(t *testing.T) {
 func TestTokensNewRun(t *testing.T) {
 	d := sqllock.MySQL
 	ctx := testdb.Context(t, time.Minute)
-	admin := testdb.Open(t, d)
+	// A schema of its own: other tests' runs and epochs stay apart.
+	admin := testdb.OpenIsolatedMigrated(ctx, t, d)
 	name := testdb.Name(t)
 	take := func() int64 {
 		t.Helper()
-		l := newLocker(t, testdb.Open(t, d), d)
+		l := newLocker(t, admin, d) // a Locker of its own: its sessions check the run
 		le, err := l.Lock(ctx, name)
 		if err != nil {
 			t.Fatal(err)

@@ -183,6 +183,32 @@ func TestGroupReplicationSinglePrimary(t *testing.T) {
 			t.Logf("advisory with tokens on the primary: %v", err)
 		}
 	}
+	// forupdate's tokens on the primary: the group refuses the MEMORY table that marks
+	// a server's run, so they are not protected across a crash. The Locker says so
+	// once, and records no epoch for it: each would be used up for good.
+	epochs := func() (n int) {
+		t.Helper()
+		if err := m1.QueryRowContext(ctx, "SELECT COUNT(*) FROM sqllock_epoch").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	before := epochs()
+	for range 2 {
+		warns := &asyncWarnings{match: "refuses the MEMORY table"}
+		l := mustLocker(t, "forupdate", members[0], sqllock.MySQL, lockerOpts{logger: warns.logger()})
+		lease, err := l.Acquire(ctx, "ha-gr-single/forupdate-epoch")
+		if err != nil {
+			t.Fatalf("forupdate with tokens on the primary: %v", err)
+		}
+		lease.Release(context.WithoutCancel(ctx))
+		if warns.count() != 1 {
+			t.Errorf("forupdate with tokens on the primary: %d warnings %q; want 1 (tokens not protected across a crash)", warns.count(), warns.messages())
+		}
+	}
+	if after := epochs(); after != before {
+		t.Errorf("forupdate on the primary recorded %d epochs; want none", after-before)
+	}
 	if _, err := m1.ExecContext(ctx, "SELECT group_replication_switch_to_multi_primary_mode()"); err != nil {
 		t.Fatalf("back to multi-primary mode: %v", err)
 	}
