@@ -14,7 +14,6 @@ import (
 
 	"github.com/sqllock/sqllock"
 	"github.com/sqllock/sqllock/internal/deploy"
-	"github.com/sqllock/sqllock/internal/direct"
 	"github.com/sqllock/sqllock/internal/fence"
 	"github.com/sqllock/sqllock/internal/lease"
 	"github.com/sqllock/sqllock/internal/namekey"
@@ -506,7 +505,7 @@ func (l *Locker) lock(ctx context.Context, op string, id lockID, wait bool) (*Le
 		var err error
 		if l.dialect == sqllock.Postgres {
 			var ranOn int64
-			err = direct.Unprepared(sctx, conn, "SELECT pg_backend_pid()", nil, &ranOn)
+			err = pgRow(sctx, conn, "SELECT pg_backend_pid()", nil, &ranOn)
 			if err == nil {
 				if refusal := l.leftBehind(ctx, sid, ranOn, "the statement after the wait for the lock"); refusal != nil {
 					cancel()

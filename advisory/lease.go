@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/sqllock/sqllock"
-	"github.com/sqllock/sqllock/internal/direct"
 	"github.com/sqllock/sqllock/internal/lease"
 	"github.com/sqllock/sqllock/internal/sqlerr"
 )
@@ -232,11 +231,7 @@ func (s *session) KeepAlive(ctx context.Context) (time.Duration, error) {
 	ctx = lease.OwnConn(ctx) // Release lets it finish: cancelling it would break the session
 	var sid int64
 	if s.l.dialect == sqllock.Postgres {
-		err := direct.Row(ctx, s.conn, "SELECT pg_backend_pid()", nil, &sid)
-		if sqlerr.PooledStatement(err) { // see pgUnlock
-			err = direct.Unprepared(ctx, s.conn, "SELECT pg_backend_pid()", nil, &sid)
-		}
-		if err != nil {
+		if err := pgRow(ctx, s.conn, "SELECT pg_backend_pid()", nil, &sid); err != nil {
 			return 0, keepAliveErr(err)
 		}
 		// A *sql.Conn keeps its driver connection: only a proxy moves it.

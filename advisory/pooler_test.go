@@ -78,11 +78,7 @@ func TestDeallocatedStatements(t *testing.T) {
 	d := sqllock.Postgres
 	db := testdb.Open(t, d) // pgx's default statement cache
 	db.SetMaxOpenConns(1)   // the application's DEALLOCATE runs on the Locker's session
-	l, err := advisory.New(db, d)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { l.Close() })
+	l := newLocker(t, db, d)
 	ctx := testdb.Context(t, time.Minute)
 	name := testdb.Name(t)
 	deallocate := func() {
@@ -119,12 +115,7 @@ func TestDeallocatedStatements(t *testing.T) {
 		t.Fatal("no acquisition in 3 attempts after DEALLOCATE ALL")
 	}
 	// Nothing is left: a Locker of another pool takes the name at once.
-	other, err := advisory.New(testdb.Open(t, d), d)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { other.Close() })
-	le, err = other.TryAcquire(ctx, name)
+	le, err = newLocker(t, testdb.Open(t, d), d).TryAcquire(ctx, name)
 	if err != nil {
 		t.Fatalf("another Locker after the releases: %v", err)
 	}

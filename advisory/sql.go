@@ -202,18 +202,24 @@ func (l *Locker) unlockOn(ctx context.Context, conn *sql.Conn, id lockID, sid in
 
 // pgUnlock runs the unlock statement k (fresh or kept) of id on conn, meant for
 // backend sid: it reports whether the lock was held there and released, and the
-// backend it ran on. A statement that pgx's cache prepared and that is missing on the
-// server session, or exists there already (42P05, 26000: a transaction-pooling
-// proxy, or DEALLOCATE on the session), did not run: it runs again by the simple
-// protocol.
+// backend it ran on (pgRow).
 func (l *Locker) pgUnlock(ctx context.Context, conn *sql.Conn, id lockID, sid int64, k int) (held bool, ranOn int64, err error) {
-	q, args := l.pgStmts(id).unlock[k], append(id.pgArgs(), sid)
 	var ok sql.NullBool
-	err = direct.Row(ctx, conn, q, args, &ok, &ranOn)
-	if sqlerr.PooledStatement(err) {
-		err = direct.Unprepared(ctx, conn, q, args, &ok, &ranOn)
-	}
+	err = pgRow(ctx, conn, l.pgStmts(id).unlock[k], append(id.pgArgs(), sid), &ok, &ranOn)
 	return ok.Valid && ok.Bool, ranOn, err
+}
+
+// pgRow is direct.Row for a statement meant for the backend that holds a lock: one
+// that pgx's cache prepared and that is missing on the server session, or exists
+// there already (42P05, 26000: a transaction-pooling proxy, or DEALLOCATE on the
+// session), did not run, and runs again by the simple protocol, so that it can say
+// which backend it ran on.
+func pgRow(ctx context.Context, conn *sql.Conn, query string, args []any, dest ...any) error {
+	err := direct.Row(ctx, conn, query, args, dest...)
+	if sqlerr.PooledStatement(err) {
+		err = direct.Unprepared(ctx, conn, query, args, dest...)
+	}
+	return err
 }
 
 func (l *Locker) interrupter() interrupt.Interrupter {

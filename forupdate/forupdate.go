@@ -576,7 +576,7 @@ func (l *Locker) raiseTokens(ctx context.Context, conn *sql.Conn, vals []sql.Nul
 			return err
 		}
 	}
-	return raiseCounter(ctx, conn, epoch)
+	return raiseCounter(ctx, conn, epoch, raised.Valid)
 }
 
 // raiseCounter raises sqllock_rowlock's AUTO_INCREMENT to epoch << EpochShift, with
@@ -584,13 +584,16 @@ func (l *Locker) raiseTokens(ctx context.Context, conn *sql.Conn, vals []sql.Nul
 // reconnecting after a restart) go one after the other on the epoch row's lock, and
 // only the first writes: a second REPLACE of the same value would check the token's
 // unique index for it, lock the next entry there, the first token of the run, and wait
-// for that lease to end.
-func raiseCounter(ctx context.Context, conn *sql.Conn, epoch int64) error {
+// for that lease to end. exists: the session saw the epoch row (myRaisedEpoch); if
+// not, it is inserted at once, and only a session that raced another to it goes on to
+// the locked REPLACE.
+func raiseCounter(ctx context.Context, conn *sql.Conn, epoch int64, exists bool) error {
 	v := strconv.FormatInt(epoch<<fence.EpochShift, 10)
-	// The epoch row, if missing: inserted at once (a row to lock below).
-	_, err := conn.ExecContext(ctx, "INSERT INTO sqllock_rowlock (lock_key, name, token) VALUES ("+myEpochKey+", '', "+v+")")
-	if err == nil || !sqlerr.Is(err, sqlerr.Duplicate) {
-		return err
+	if !exists {
+		_, err := conn.ExecContext(ctx, "INSERT INTO sqllock_rowlock (lock_key, name, token) VALUES ("+myEpochKey+", '', "+v+")")
+		if err == nil || !sqlerr.Is(err, sqlerr.Duplicate) {
+			return err
+		}
 	}
 	tx, err := conn.BeginTx(ctx, nil)
 	if err != nil {

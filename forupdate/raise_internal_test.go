@@ -1,6 +1,7 @@
 package forupdate
 
 import (
+	"database/sql"
 	"testing"
 	"time"
 
@@ -21,13 +22,17 @@ func TestRaiseCounterOnce(t *testing.T) {
 	d := sqllock.MySQL
 	ctx := testdb.Context(t, time.Minute)
 	db := testdb.OpenIsolatedMigrated(ctx, t, d)
-	c1, err := db.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
+	conn := func() *sql.Conn {
+		t.Helper()
+		c, err := db.Conn(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
 	}
-	defer c1.Close()
 	const epoch = 7
-	if err := raiseCounter(ctx, c1, epoch); err != nil {
+	if err := raiseCounter(ctx, conn(), epoch, false); err != nil {
 		t.Fatalf("first raise: %v", err)
 	}
 	// A lease of the run: its REPLACE draws the first token after the raised value,
@@ -44,16 +49,12 @@ func TestRaiseCounterOnce(t *testing.T) {
 	if tok, _ := res.LastInsertId(); tok != epoch<<fence.EpochShift+1 {
 		t.Fatalf("the held lease's token %d, want %d (the raised value + 1)", tok, epoch<<fence.EpochShift+1)
 	}
-	c2, err := db.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c2.Close()
+	c2 := conn()
 	if _, err := c2.ExecContext(ctx, "SET SESSION innodb_lock_wait_timeout = 3"); err != nil {
 		t.Fatal(err)
 	}
 	start := time.Now()
-	err = raiseCounter(ctx, c2, epoch)
+	err = raiseCounter(ctx, c2, epoch, true)
 	took := time.Since(start)
 	t.Logf("second raise: %v in %v", err, took.Round(time.Millisecond))
 	if err != nil || took > 2*time.Second {
