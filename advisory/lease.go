@@ -40,7 +40,10 @@ func (le *Lease) Name() string { return le.s.id.name }
 // token of every run takes a new epoch; the draw is an autocommit UPDATE (no InnoDB
 // write, no redo log flush; with the binary log on, the server still writes and syncs
 // the binary log for it), and is the same statement as GET_LOCK(name, 0) when the
-// lock is free. Replication carries the counter to a replica with the epochs; with
+// lock is free. The counter's row names the server whose run it counts
+// (@@server_id): a replica, to which replication carries the row, records a run of
+// its own once it is promoted, above every epoch it has (with lossless
+// semi-synchronous replication, every epoch of its former source). With
 // WithGaleraSingleWriter, whose nodes do not replicate it, every draw also checks
 // that the counter is of the newest epoch recorded (a node that clients fail back to
 // may keep an older one) and takes a new one if not. The epoch is durable as commits

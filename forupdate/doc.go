@@ -20,7 +20,11 @@
 // increasing per name even across holders that rolled back or whose session died (a
 // token incremented in the row alone would be handed out again after such a holder,
 // defeating fencing), and across crashes of the server (a value drawn but never made
-// durable is below the next run's epoch), and the row shows the token of the last
+// durable is below the next run's epoch) and failovers (a promoted standby or replica
+// starts a run of its own: on MySQL the run is the server's @@server_id's, so a
+// replica does not go on in its former source's run; with lossless semi-synchronous
+// replication its epoch is above every epoch of the source, and its tokens above the
+// token of a lease still held on the source), and the row shows the token of the last
 // committed holder. On MySQL Group Replication, which refuses the MEMORY table that
 // marks a run, tokens are not protected across a crash (logged once per Locker).
 //

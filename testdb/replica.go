@@ -288,3 +288,49 @@ func (p *ReplicaPair) SemiSync(t testing.TB, mode string) {
 		t.Fatalf("testdb: SemiSync(%q): %v", mode, err)
 	}
 }
+
+// OpenSource and OpenReplica return a new pool to the source or the replica, closed
+// when t ends: one per Locker, as replicas of a service have.
+func (p *ReplicaPair) OpenSource(t testing.TB) *sql.DB  { t.Helper(); return p.openPool(t, p.Source) }
+func (p *ReplicaPair) OpenReplica(t testing.TB) *sql.DB { t.Helper(); return p.openPool(t, p.Replica) }
+
+func (p *ReplicaPair) openPool(t testing.TB, dsn string) *sql.DB {
+	t.Helper()
+	db, err := open(sqllock.MySQL, dsn)
+	if err != nil {
+		t.Fatalf("testdb: %v", err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
+// Promote makes the replica a source, as a failover tool does once the source is
+// lost: it waits until the replica has applied every event of the source's binary
+// log (as far as it goes now), stops replication, forgets the source and lets
+// clients write. The source runs on, unaware: from then on both take writes, as
+// after a failover that left the former source alive. Transactions open on the
+// source stay open there; the replica never sees them.
+func (p *ReplicaPair) Promote(t testing.TB) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	status, wait, stmts := "SHOW BINARY LOG STATUS", "SELECT SOURCE_POS_WAIT(?, ?, 60)",
+		[]string{"STOP REPLICA", "RESET REPLICA ALL", "SET GLOBAL super_read_only = OFF", "SET GLOBAL read_only = OFF"}
+	if p.mariadb {
+		status, wait, stmts = "SHOW MASTER STATUS", "SELECT MASTER_POS_WAIT(?, ?, 60)",
+			[]string{"STOP SLAVE", "RESET SLAVE ALL", "SET GLOBAL read_only = OFF"}
+	}
+	file, pos, err := binlogPosition(ctx, p.src, status)
+	if err != nil {
+		t.Fatalf("testdb: %s: %v", status, err)
+	}
+	var events sql.NullInt64 // events waited for; -1: timed out; NULL: replication stopped
+	if err := p.rep.QueryRowContext(ctx, wait, file, pos).Scan(&events); err != nil || !events.Valid || events.Int64 < 0 {
+		t.Fatalf("testdb: the replica did not apply the source's binary log up to %s:%d: %v (%v)", file, pos, err, events)
+	}
+	for _, q := range stmts {
+		if _, err := p.rep.ExecContext(ctx, q); err != nil {
+			t.Fatalf("testdb: promoting the replica: %s: %v", q, err)
+		}
+	}
+}

@@ -422,10 +422,10 @@ ORDER BY a.state_change, a.pid`)
 }
 
 // candidateNames returns the names the library recorded in its tables, and those
-// given with -name.
+// given with -name. The row of forupdate's MySQL counter (an empty name) is none.
 func candidateNames(ctx context.Context, db *sql.DB, o statusOpts) ([]string, error) {
 	rows, err := db.QueryContext(ctx, `SELECT name FROM sqllock_fence UNION SELECT name FROM sqllock_lease
-UNION SELECT name FROM sqllock_optimistic UNION SELECT name FROM sqllock_queue UNION SELECT name FROM sqllock_rowlock`)
+UNION SELECT name FROM sqllock_optimistic UNION SELECT name FROM sqllock_queue UNION SELECT name FROM sqllock_rowlock WHERE name <> ''`)
 	if err != nil {
 		return nil, err
 	}

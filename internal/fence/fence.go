@@ -154,8 +154,15 @@ func Drawn(ctx context.Context, drawn sql.NullInt64, q Execer, db *sql.DB) (int6
 // room in its EpochShift bits; a full one takes a new epoch too.
 //
 // Replication copies sqllock_run's row with the epochs (the binary log carries the
-// MEMORY table's changes, and the emptying at a restart), so a promoted replica goes
-// on from the counter it has. Galera does not replicate MEMORY tables: each node has
+// MEMORY table's changes, and the emptying at a restart), so the row also names the
+// server whose run it counts (server_id, migration mysql/0008), and a draw requires
+// it to be the server's own (@@server_id, which replication requires to differ
+// between a source and its replicas). A promoted replica therefore records a run of
+// its own before its first token, above every epoch it has: with lossless
+// semi-synchronous replication that includes its former source's current one, and its
+// tokens are larger than every token the source handed out, also those drawn in
+// transactions that never committed (forupdate's, raised to the run's epoch) and the
+// draws the replica had not applied yet. Galera does not replicate MEMORY tables: each node has
 // its own counter, and a node that clients fail back to may keep an older run's
 // counter while another node handed out tokens of a newer epoch. With NewestEpoch a
 // draw therefore also requires the counter to be of the largest epoch recorded
@@ -174,7 +181,14 @@ type MySQLRun struct {
 }
 
 const (
-	myRunRoom   = " WHERE id = 1 AND (v & 17592186044415) < 17592186044415"
+	// myRunRoom: the counter of this server's run (server_id) has room. Under
+	// binlog_format=MIXED a statement that reads @@server_id is logged as rows;
+	// under STATEMENT (deprecated) the server adds a note that it is unsafe (1592,
+	// seen on MariaDB 10.11), and a replica evaluates @@server_id as its own
+	// (MySQL: the draw changes no row there) or as the source's (MariaDB's replica
+	// thread: the draw applies). Either does no harm: the row names the source, so
+	// a promoted replica records a run of its own.
+	myRunRoom   = " WHERE id = 1 AND server_id = @@server_id AND (v & 17592186044415) < 17592186044415"
 	myRunNewest = " AND v >> 44 = (SELECT MAX(epoch) FROM sqllock_epoch)"
 	// notGranted is the insert id of a TryLockDraw statement whose lock was held
 	// elsewhere.
@@ -270,12 +284,15 @@ var runMu sync.Mutex
 func (r MySQLRun) newRun(ctx context.Context, q Execer) error {
 	runMu.Lock()
 	defer runMu.Unlock()
-	var one int
-	switch err := q.QueryRowContext(ctx, "SELECT 1 FROM sqllock_run"+r.guard()).Scan(&one); {
-	case err == nil:
-		return nil
-	case !errors.Is(err, sql.ErrNoRows):
+	// The server's id is written as a literal: a replica applying the row's change as
+	// a statement (binlog_format=STATEMENT) must not take the run for its own.
+	var current sql.NullInt64
+	var server uint64
+	if err := q.QueryRowContext(ctx, "SELECT (SELECT 1 FROM sqllock_run"+r.guard()+"), @@server_id").Scan(&current, &server); err != nil {
 		return err
+	}
+	if current.Valid {
+		return nil
 	}
 	res, err := q.ExecContext(ctx, `INSERT INTO sqllock_epoch (epoch, created_at)
 SELECT LAST_INSERT_ID(COALESCE(MAX(epoch), 0) + 1), UTC_TIMESTAMP(6) FROM sqllock_epoch`)
@@ -289,7 +306,8 @@ SELECT LAST_INSERT_ID(COALESCE(MAX(epoch), 0) + 1), UTC_TIMESTAMP(6) FROM sqlloc
 	if err != nil {
 		return err
 	}
-	v := strconv.FormatInt(epoch<<EpochShift, 10)
-	_, err = q.ExecContext(ctx, "INSERT INTO sqllock_run (id, v) VALUES (1, "+v+") ON DUPLICATE KEY UPDATE v = GREATEST(v, "+v+")")
+	v, sid := strconv.FormatInt(epoch<<EpochShift, 10), strconv.FormatUint(server, 10)
+	_, err = q.ExecContext(ctx, "INSERT INTO sqllock_run (id, v, server_id) VALUES (1, "+v+", "+sid+
+		") ON DUPLICATE KEY UPDATE v = GREATEST(v, "+v+"), server_id = "+sid)
 	return err
 }

@@ -1,0 +1,1 @@
+ALTER TABLE sqllock_run DROP COLUMN server_id;
