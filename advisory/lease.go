@@ -43,8 +43,10 @@ func (le *Lease) Name() string { return le.s.id.name }
 // lock is free. The counter's row names the server whose run it counts
 // (@@server_id): a replica, to which replication carries the row, records a run of
 // its own once it is promoted, above every epoch it has (with lossless
-// semi-synchronous replication, every epoch of its former source). With
-// WithGaleraSingleWriter, whose nodes do not replicate it, every draw also checks
+// semi-synchronous replication, every epoch of its former source). A replica that
+// restarts comes back with the MEMORY table empty, and its applier stops at the next
+// draw (error 1032) unless it runs with replica_exec_mode (MariaDB: slave_exec_mode)
+// IDEMPOTENT: see the README's known limitations. With WithGaleraSingleWriter, whose nodes do not replicate it, every draw also checks
 // that the counter is of the newest epoch recorded (a node that clients fail back to
 // may keep an older one) and takes a new one if not. The epoch is durable as commits
 // on the server are (innodb_flush_log_at_trx_commit=1, the default).

@@ -4,12 +4,14 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/sqllock/sqllock"
 	"github.com/sqllock/sqllock/advisory"
 	"github.com/sqllock/sqllock/locktest"
+	"github.com/sqllock/sqllock/migrations"
 	"github.com/sqllock/sqllock/testdb"
 )
 
@@ -276,4 +278,55 @@ func acquire(ctx context.Context, l *advisory.Locker, name string, try bool) (sq
 // holds a lease draws tokens above that lease's (locktest.TokensAfterFailover).
 func TestTokensAfterFailover(t *testing.T) {
 	locktest.TokensAfterFailover(t, func(t testing.TB, db *sql.DB) sqllock.Locker { return newLocker(t, db, sqllock.MySQL) })
+}
+
+// TestReplicaRestart: advisory's tokens on MySQL are drawn from the MEMORY table
+// sqllock_run, and replication carries each draw to the replicas as a row change. A
+// replica that restarts has the table empty, and its applier stops at the source's
+// next draw (error 1032, "Can't find record in 'sqllock_run'"), as MySQL documents
+// for MEMORY tables, unless the replica runs with replica_exec_mode (MariaDB:
+// slave_exec_mode) IDEMPOTENT, which the README's known limitations advise. The
+// test reproduces the stop, and fails if it stops reproducing (the README would then
+// say too much), then shows that IDEMPOTENT lets the replica apply the draws.
+func TestReplicaRestart(t *testing.T) {
+	p := testdb.StartReplicaPair(t)
+	ctx := testdb.Context(t, 5*time.Minute)
+	src := p.OpenSource(t)
+	if err := migrations.Up(ctx, src, sqllock.MySQL); err != nil {
+		t.Fatal(err)
+	}
+	l := newLocker(t, src, sqllock.MySQL)
+	name := testdb.Name(t)
+	cycle := func() {
+		t.Helper()
+		le, err := l.Acquire(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := le.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cycle()
+	if err := p.CatchUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	p.RestartReplica(t)
+	cycle()
+	err := p.CatchUp(ctx)
+	if err == nil || !strings.Contains(err.Error(), "1032") {
+		t.Fatalf("the replica after its restart and a draw on the source: %v; want its applier stopped with error 1032", err)
+	}
+	t.Logf("a draw after the replica restarted: %v", err)
+	mode, start := "replica_exec_mode", "START REPLICA"
+	if p.MariaDB() {
+		mode, start = "slave_exec_mode", "START SLAVE"
+	}
+	p.ExecReplica(t, "SET GLOBAL "+mode+" = 'IDEMPOTENT'", start)
+	t.Cleanup(func() { p.ExecReplica(t, "SET GLOBAL "+mode+" = 'STRICT'") })
+	cycle()
+	cycle()
+	if err := p.CatchUp(ctx); err != nil {
+		t.Fatalf("with %s = IDEMPOTENT: %v", mode, err)
+	}
 }

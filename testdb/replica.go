@@ -23,6 +23,8 @@ type ReplicaPair struct {
 	Source, Replica string
 	src, rep        *sql.DB
 	mariadb         bool
+	repCtr          testcontainers.Container
+	repCurrent      func(context.Context) (string, error)
 }
 
 // StartReplicaPair starts a ReplicaPair for t, removed when t ends. It needs
@@ -48,32 +50,32 @@ func StartReplicaPair(t testing.TB) *ReplicaPair {
 		t.Skip(msg)
 		return nil
 	}
-	start := func(args ...string) (testcontainers.Container, string, error) {
+	type started struct {
+		ctr     testcontainers.Container
+		current func(context.Context) (string, error)
+		dsn     string
+		err     error
+	}
+	start := func(args ...string) started {
 		ctr, current, err := runMySQL(ctx, image, testcontainers.WithCmd(append([]string{"mysqld"}, args...)...))
 		if err != nil {
-			return nil, "", err
+			return started{err: err}
 		}
 		t.Cleanup(func() { terminate(ctr) })
 		dsn, err := current(ctx)
-		return ctr, dsn, err
+		return started{ctr, current, dsn, err}
 	}
 	// Both start together: one container start is most of the time.
-	type started struct {
-		ctr testcontainers.Container
-		dsn string
-		err error
-	}
 	repc := make(chan started, 1)
-	go func() {
-		ctr, dsn, err := start("--server-id=2", "--log-bin=binlog")
-		repc <- started{ctr, dsn, err}
-	}()
-	srcCtr, srcDSN, err := start("--server-id=1", "--log-bin=binlog")
+	go func() { repc <- start("--server-id=2", "--log-bin=binlog") }()
+	s := start("--server-id=1", "--log-bin=binlog")
 	r := <-repc
-	if err = errors.Join(err, r.err); err != nil {
+	if err := errors.Join(s.err, r.err); err != nil {
 		return fail(err)
 	}
-	p := &ReplicaPair{Source: srcDSN, Replica: r.dsn}
+	srcCtr, srcDSN := s.ctr, s.dsn
+	p := &ReplicaPair{Source: srcDSN, Replica: r.dsn, repCtr: r.ctr, repCurrent: r.current}
+	var err error
 	if p.src, err = open(sqllock.MySQL, srcDSN); err != nil {
 		return fail(err)
 	}
@@ -314,19 +316,12 @@ func (p *ReplicaPair) Promote(t testing.TB) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	status, wait, stmts := "SHOW BINARY LOG STATUS", "SELECT SOURCE_POS_WAIT(?, ?, 60)",
-		[]string{"STOP REPLICA", "RESET REPLICA ALL", "SET GLOBAL super_read_only = OFF", "SET GLOBAL read_only = OFF"}
+	stmts := []string{"STOP REPLICA", "RESET REPLICA ALL", "SET GLOBAL super_read_only = OFF", "SET GLOBAL read_only = OFF"}
 	if p.mariadb {
-		status, wait, stmts = "SHOW MASTER STATUS", "SELECT MASTER_POS_WAIT(?, ?, 60)",
-			[]string{"STOP SLAVE", "RESET SLAVE ALL", "SET GLOBAL read_only = OFF"}
+		stmts = []string{"STOP SLAVE", "RESET SLAVE ALL", "SET GLOBAL read_only = OFF"}
 	}
-	file, pos, err := binlogPosition(ctx, p.src, status)
-	if err != nil {
-		t.Fatalf("testdb: %s: %v", status, err)
-	}
-	var events sql.NullInt64 // events waited for; -1: timed out; NULL: replication stopped
-	if err := p.rep.QueryRowContext(ctx, wait, file, pos).Scan(&events); err != nil || !events.Valid || events.Int64 < 0 {
-		t.Fatalf("testdb: the replica did not apply the source's binary log up to %s:%d: %v (%v)", file, pos, err, events)
+	if err := p.CatchUp(ctx); err != nil {
+		t.Fatalf("testdb: %v", err)
 	}
 	for _, q := range stmts {
 		if _, err := p.rep.ExecContext(ctx, q); err != nil {
@@ -334,3 +329,112 @@ func (p *ReplicaPair) Promote(t testing.TB) {
 		}
 	}
 }
+
+// CatchUp waits until the replica has applied every event of the source's binary
+// log as far as it goes now (at most 60 s), or returns the error that stopped its
+// applier (Last_SQL_Error of SHOW REPLICA STATUS).
+func (p *ReplicaPair) CatchUp(ctx context.Context) error {
+	status, wait := "SHOW BINARY LOG STATUS", "SELECT SOURCE_POS_WAIT(?, ?, 60)"
+	if p.mariadb {
+		status, wait = "SHOW MASTER STATUS", "SELECT MASTER_POS_WAIT(?, ?, 60)"
+	}
+	file, pos, err := binlogPosition(ctx, p.src, status)
+	if err != nil {
+		return fmt.Errorf("%s: %w", status, err)
+	}
+	var events sql.NullInt64 // events waited for; -1: timed out; NULL: the applier stopped
+	err = p.rep.QueryRowContext(ctx, wait, file, pos).Scan(&events)
+	if err == nil && events.Valid && events.Int64 >= 0 {
+		return nil
+	}
+	return fmt.Errorf("the replica did not apply the source's binary log up to %s:%d (%v, %v): %s", file, pos, events, err, p.applierError(ctx))
+}
+
+// applierError returns the replica's Last_SQL_Error, or what kept it from reading it.
+func (p *ReplicaPair) applierError(ctx context.Context) string {
+	q := "SHOW REPLICA STATUS"
+	if p.mariadb {
+		q = "SHOW SLAVE STATUS"
+	}
+	rows, err := p.rep.QueryContext(ctx, q)
+	if err != nil {
+		return err.Error()
+	}
+	defer rows.Close()
+	cols, err := rows.Columns()
+	if err != nil {
+		return err.Error()
+	}
+	if !rows.Next() {
+		return "no replication configured"
+	}
+	vals := make([]sql.NullString, len(cols))
+	ptrs := make([]any, len(cols))
+	for i := range vals {
+		ptrs[i] = &vals[i]
+	}
+	if err := rows.Scan(ptrs...); err != nil {
+		return err.Error()
+	}
+	msg := "no Last_SQL_Error column"
+	for i, c := range cols {
+		if c == "Last_SQL_Error" {
+			msg = "Last_SQL_Error: " + vals[i].String
+		}
+	}
+	if !p.mariadb {
+		// MySQL's parallel applier names only its coordinator there; the worker's
+		// error is in performance_schema.
+		var code int
+		var text string
+		err := p.rep.QueryRowContext(ctx, `SELECT LAST_ERROR_NUMBER, LAST_ERROR_MESSAGE
+FROM performance_schema.replication_applier_status_by_worker WHERE LAST_ERROR_NUMBER <> 0 LIMIT 1`).Scan(&code, &text)
+		if err == nil {
+			msg += fmt.Sprintf("; worker: error %d: %s", code, text)
+		}
+	}
+	return msg
+}
+
+// RestartReplica stops the replica's server with a clean shutdown and starts it
+// again, as an operator restarting a replica does: its MEMORY tables come back
+// empty, and replication goes on from where it stopped. Replica (the DSN: the
+// mapped port changes) and the pair's pool to it are renewed.
+func (p *ReplicaPair) RestartReplica(t testing.TB) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	timeout := 30 * time.Second
+	if err := p.repCtr.Stop(ctx, &timeout); err != nil {
+		t.Fatalf("testdb: restarting the replica: stop: %v", err)
+	}
+	if err := p.repCtr.Start(ctx); err != nil {
+		t.Fatalf("testdb: restarting the replica: start: %v", err)
+	}
+	dsn, err := p.repCurrent(ctx)
+	if err != nil {
+		t.Fatalf("testdb: restarting the replica: %v", err)
+	}
+	rep, err := open(sqllock.MySQL, dsn)
+	if err != nil {
+		t.Fatalf("testdb: restarting the replica: %v", err)
+	}
+	t.Cleanup(func() { rep.Close() })
+	p.rep.Close()
+	p.Replica, p.rep = dsn, rep
+}
+
+// ExecReplica runs statements on the replica (SET GLOBAL ..., START REPLICA).
+func (p *ReplicaPair) ExecReplica(t testing.TB, stmts ...string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for _, q := range stmts {
+		if _, err := p.rep.ExecContext(ctx, q); err != nil {
+			t.Fatalf("testdb: on the replica: %s: %v", q, err)
+		}
+	}
+}
+
+// MariaDB tells whether the pair's servers are MariaDB's (else Oracle MySQL's).
+func (p *ReplicaPair) MariaDB() bool { return p.mariadb }
