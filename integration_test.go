@@ -282,11 +282,11 @@ var privileges = map[string]map[sqllock.Dialect][]string{
 		sqllock.Postgres: {"SELECT, INSERT, UPDATE ON sqllock_rowlock", "USAGE ON SEQUENCE sqllock_rowlock_token_seq",
 			"SELECT, INSERT ON sqllock_epoch", "USAGE ON SEQUENCE sqllock_token_seq"},
 		sqllock.MySQL: {"SELECT, INSERT, UPDATE, DELETE ON sqllock_rowlock",
-			"SELECT, INSERT ON sqllock_epoch", "SELECT, INSERT, UPDATE ON sqllock_run"},
+			"SELECT, INSERT ON sqllock_epoch", "SELECT, INSERT, UPDATE ON sqllock_runs"},
 	},
 	"advisory": {
 		sqllock.Postgres: {"SELECT, INSERT ON sqllock_epoch", "USAGE ON SEQUENCE sqllock_token_seq"},
-		sqllock.MySQL:    {"SELECT, INSERT ON sqllock_epoch", "SELECT, INSERT, UPDATE ON sqllock_run"},
+		sqllock.MySQL:    {"SELECT, INSERT ON sqllock_epoch", "SELECT, INSERT, UPDATE ON sqllock_runs"},
 	},
 	"optimistic": {
 		sqllock.Postgres: {"SELECT, INSERT, UPDATE ON sqllock_optimistic", "SELECT ON sqllock_fence"},

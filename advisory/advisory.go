@@ -135,7 +135,7 @@ type Locker struct {
 	pgSQL   [2][2]pgStatements
 	guard   *deploy.Guard
 	// MySQL tokens: every draw also checks the epoch when the Locker was promised a
-	// Galera node (Galera does not replicate sqllock_run).
+	// Galera node (Galera does not replicate sqllock_runs).
 	myRun  fence.MySQLRun
 	myDraw string
 }
@@ -186,7 +186,7 @@ func New(db *sql.DB, d sqllock.Dialect, opts ...Option) (*Locker, error) {
 		myRun: myRun, myDraw: myRun.Draw(),
 		pins:  pins,
 		pgSQL: pgStatementsFor(cfg.Timing.TTL, cfg.token),
-		// Tokens on MySQL are drawn from the MEMORY table sqllock_run.
+		// Tokens on MySQL are drawn from the MEMORY table sqllock_runs.
 		guard: cfg.Guard(db, d, "advisory", deploy.Needs{OneNode: true, MemoryTable: cfg.token && d == sqllock.MySQL}),
 	}, nil
 }

@@ -35,21 +35,20 @@ func (le *Lease) Name() string { return le.s.id.name }
 // Each run of the server records its epoch once, durably, before its first token,
 // one above the largest recorded (sqllock_epoch, whose rows must never be deleted).
 // On PostgreSQL the counter is a sequence read by the locking statement itself, and
-// the epoch is committed synchronously. On MySQL the counter is the one row of the
-// MEMORY table sqllock_run, which the server empties when it starts, so the first
-// token of every run takes a new epoch; the draw is an autocommit UPDATE (no InnoDB
-// write, no redo log flush; with the binary log on, the server still writes and syncs
-// the binary log for it), and is the same statement as GET_LOCK(name, 0) when the
-// lock is free. The counter's row names the server whose run it counts
+// the epoch is committed synchronously. On MySQL the counter is the server's
+// UUID_SHORT(), which starts afresh at every start of the server, counted from the
+// value it had when the run's epoch was recorded (a row of the MEMORY table
+// sqllock_runs, which the server empties when it starts, so the first token of
+// every run takes a new epoch): the draw is a SELECT that writes nothing (no InnoDB
+// write, no redo log flush, nothing in the binary log), and is the same statement as
+// GET_LOCK(name, 0) when the lock is free. The run's row names its server
 // (@@server_id): a replica, to which replication carries the row, records a run of
 // its own once it is promoted, above every epoch it has (with lossless
-// semi-synchronous replication, every epoch of its former source). A replica that
-// restarts comes back with the MEMORY table empty, and its applier stops at the next
-// draw (error 1032) unless it runs with replica_exec_mode (MariaDB: slave_exec_mode)
-// IDEMPOTENT: see the README's known limitations. With WithGaleraSingleWriter, whose nodes do not replicate it, every draw also checks
-// that the counter is of the newest epoch recorded (a node that clients fail back to
-// may keep an older one) and takes a new one if not. The epoch is durable as commits
-// on the server are (innodb_flush_log_at_trx_commit=1, the default).
+// semi-synchronous replication, every epoch of its former source). With
+// WithGaleraSingleWriter, whose nodes do not replicate sqllock_runs, every draw also
+// checks that the run is of the newest epoch recorded (a node that clients fail back
+// to may keep an older one) and takes a new one if not. The epoch is durable as
+// commits on the server are (innodb_flush_log_at_trx_commit=1, the default).
 // Reentrant holds of one owner share the token of the first. It is 0 with
 // WithoutToken.
 //

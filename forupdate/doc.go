@@ -164,7 +164,7 @@
 // server's run records the run's epoch (see fence.Drawn). On MySQL, with a token, the
 // query of a session's CONNECTION_ID() also reads the run's epoch and the epoch the
 // counter was raised to; in a new run the first session records the epoch (a write
-// to sqllock_run that changes nothing first, to find out Group Replication), and
+// to sqllock_runs that changes nothing first, to find out Group Replication), and
 // raises the counter with sqllock_rowlock's epoch row (key of 32 zero bytes, empty
 // name, a row no name has): an INSERT the first time ever, then a transaction that
 // locks that row and REPLACEs it only if it is below the epoch, so that sessions of

@@ -550,7 +550,7 @@ func (l *Locker) newTarget(ctx context.Context, conn *sql.Conn) (waitTarget, err
 // with the session's id (pin.Pool.OnSession): no round trip, but where the run is
 // new.
 //
-// Group Replication refuses writes to sqllock_run's MEMORY table (error 3098): there
+// Group Replication refuses writes to sqllock_runs' MEMORY table (error 3098): there
 // the Locker logs once that tokens are not protected across a crash, and draws as
 // before. A write that changes nothing finds it out before an epoch is recorded (each
 // would use one up for good).
@@ -561,13 +561,13 @@ func (l *Locker) raiseTokens(ctx context.Context, conn *sql.Conn, vals []sql.Nul
 	}
 	epoch := run.Int64
 	if !run.Valid {
-		_, err := conn.ExecContext(ctx, "UPDATE sqllock_run SET v = v WHERE id = 0")
+		_, err := conn.ExecContext(ctx, "UPDATE sqllock_runs SET base = base WHERE epoch = 0")
 		if err == nil {
 			epoch, err = l.myRun.Epoch(ctx, conn)
 		}
 		if sqlerr.IsCode(err, "3098") {
 			if l.noRuns.CompareAndSwap(false, true) {
-				l.cfg.Logger.Warn("sqllock/forupdate: the server refuses the MEMORY table sqllock_run (Group Replication): "+
+				l.cfg.Logger.Warn("sqllock/forupdate: the server refuses the MEMORY table sqllock_runs (Group Replication): "+
 					"the fencing tokens of a lease held when the server crashes may be handed out again after its restart", "err", err)
 			}
 			return nil

@@ -32,7 +32,7 @@ func TestTokensAcrossCrash(t *testing.T) {
 // TestTokensNewRun: on MySQL each run of the server has an epoch, and a session
 // raises sqllock_rowlock's AUTO_INCREMENT to epoch << 44 before it draws a token.
 // What a restart does to the run is done here by hand (the server empties the MEMORY
-// table sqllock_run when it starts): a new session then records a new epoch, one
+// table sqllock_runs when it starts): a new session then records a new epoch, one
 // more, and its tokens are above every token of the earlier run. Sessions of the
 // earlier run are gone after a real restart; here a new pool stands for them.
 func TestTokensNewRun(t *testing.T) {
@@ -55,13 +55,13 @@ func TestTokensNewRun(t *testing.T) {
 	}
 	before := take()
 	var epoch int64
-	if err := admin.QueryRowContext(ctx, "SELECT v >> 44 FROM sqllock_run WHERE id = 1").Scan(&epoch); err != nil {
+	if err := admin.QueryRowContext(ctx, "SELECT MAX(epoch) FROM sqllock_runs").Scan(&epoch); err != nil {
 		t.Fatalf("the run's epoch: %v", err)
 	}
 	if before>>44 != epoch || before <= epoch<<44 {
 		t.Fatalf("token %d (epoch part %d) in run %d; want one above %d", before, before>>44, epoch, epoch<<44)
 	}
-	if _, err := admin.ExecContext(ctx, "DELETE FROM sqllock_run"); err != nil { // what a restart does
+	if _, err := admin.ExecContext(ctx, "DELETE FROM sqllock_runs"); err != nil { // what a restart does
 		t.Fatal(err)
 	}
 	after := take()

@@ -201,7 +201,7 @@ func (g *Guard) checkNodeLocal(ctx context.Context, vars map[string]string) erro
 	}
 	if g.needs.MemoryTable {
 		return Refusal(g.strategy + ": the server is a MySQL Group Replication member (state " + state +
-			"): fencing tokens are drawn from a MEMORY table (sqllock_run), to which Group Replication refuses writes; " +
+			"): fencing tokens are drawn from a MEMORY table (sqllock_runs), to which Group Replication refuses writes; " +
 			"use WithoutToken(), or uniqueindex, optimistic or fairqueue, whose tokens are InnoDB rows")
 	}
 	if !multi && strings.EqualFold(role, "PRIMARY") {

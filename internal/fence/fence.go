@@ -140,120 +140,129 @@ func Drawn(ctx context.Context, drawn sql.NullInt64, q Execer, db *sql.DB) (int6
 	return tok.Int64, nil
 }
 
-// The MySQL tokens that cost no commit (migration mysql/0006): the MEMORY table
-// sqllock_run holds one row, v, the last token handed out in the server's current
-// run. A draw is one autocommit UPDATE of v that makes the new value the statement's
-// insert id (LAST_INSERT_ID(expr)): no InnoDB write, no commit, no flush of the redo
-// log (with the binary log on, the server still writes and syncs it for the update).
-// The server empties a MEMORY table whenever it starts, so a crash or restart can
-// never hand out a value twice: the first draw of a run finds no row, and the run
-// records a new epoch, one more than the largest in the InnoDB table sqllock_epoch,
-// with a commit (durable with innodb_flush_log_at_trx_commit=1, the default), before
-// it seeds v with that epoch << EpochShift. Every token of a run is therefore larger
-// than every token of the runs before it. A draw also requires that the counter has
-// room in its EpochShift bits; a full one takes a new epoch too.
+// The MySQL tokens that cost no commit and write nothing (migration mysql/0008): a
+// token is epoch << EpochShift plus the number of UUID_SHORT() values the server
+// handed out since its run's epoch was recorded. UUID_SHORT() is a server-wide
+// counter, incremented under a mutex on every call, that starts afresh at every
+// start of the server; it needs no privilege, and a SELECT that calls it is neither
+// a write nor written to the binary log. Each run of the server has a row in the
+// MEMORY table sqllock_runs (its epoch, the UUID_SHORT() value when it was recorded,
+// base, and the server's @@server_id), which the server empties whenever it starts:
+// the first draw of a run finds no row of its own, records a new epoch, one more than
+// the largest in the InnoDB table sqllock_epoch, with a commit (durable with
+// innodb_flush_log_at_trx_commit=1, the default), and inserts the run's row. Every
+// token of a run is therefore larger than every token of the runs before it, and a
+// draw is one SELECT: it reads the newest row, and takes it as the current run only
+// if the row is the server's own (server_id, which replication requires to differ
+// between a source and its replicas) and, with NewestEpoch, of the largest epoch
+// recorded. A run whose counter ran out of its EpochShift bits (2^44 values) takes a
+// new epoch too.
 //
-// Replication copies sqllock_run's row with the epochs (the binary log carries the
-// MEMORY table's changes, and the emptying at a restart), so the row also names the
-// server whose run it counts (server_id, migration mysql/0008), and a draw requires
-// it to be the server's own (@@server_id, which replication requires to differ
-// between a source and its replicas). A promoted replica therefore records a run of
-// its own before its first token, above every epoch it has: with lossless
-// semi-synchronous replication that includes its former source's current one, and its
-// tokens are larger than every token the source handed out, also those drawn in
-// transactions that never committed (forupdate's, raised to the run's epoch) and the
-// draws the replica had not applied yet. Galera does not replicate MEMORY tables: each node has
-// its own counter, and a node that clients fail back to may keep an older run's
-// counter while another node handed out tokens of a newer epoch. With NewestEpoch a
-// draw therefore also requires the counter to be of the largest epoch recorded
-// (sqllock_epoch is replicated), or takes a new one; that reads the last entry of
-// sqllock_epoch's primary key with a shared lock for the length of the statement
-// (about 15 % of an uncontended lock's time on MariaDB 10.11 and MySQL 9.7).
+// Replication carries each run's row to the replicas (an INSERT of a new key, which a
+// replica applies whether or not it restarted since; draws write nothing, so a
+// replica that restarted and lost its MEMORY tables has nothing to fail on). A
+// promoted replica finds its former source's row newest and records a run of its own
+// before its first token, above every epoch it has: with lossless semi-synchronous
+// replication that includes its former source's current one, and its tokens are
+// larger than every token the source handed out, also those drawn in transactions
+// that never committed (forupdate's, raised to the run's epoch). A server that was a
+// source, then a replica without a restart, then a source again finds the other
+// source's newer row and takes a new epoch too. Galera does not replicate MEMORY
+// tables: each node has its own rows, and a node that clients fail back to may keep
+// an older run while another node handed out tokens of a newer epoch; with
+// NewestEpoch a draw therefore also requires the run to be of the largest epoch
+// recorded (sqllock_epoch is replicated), or takes a new one.
 //
-// Statements that touch sqllock_run hold its table lock (a MEMORY table has no row
-// locks) while they run, so none of them may wait for anything that can take long:
-// GET_LOCK appears in them only with timeout 0, and the waiting GET_LOCK is a
-// statement of its own that reads no table.
+// The earlier draws (migration mysql/0006: an UPDATE of the counter in the MEMORY
+// table sqllock_run, which replication carried to replicas as a row change, and which
+// stopped a replica that had restarted with error 1032) are not used any more; tokens
+// of this version are above theirs (a new epoch), but processes still running an
+// earlier version would go on drawing smaller ones: upgrade them all at once.
+//
+// Statements that read sqllock_runs hold its table lock (a MEMORY table has no row
+// locks; a read lock, shared with other draws) while they run, so none of them may
+// wait for anything that can take long: GET_LOCK appears in them only with timeout
+// 0, and the waiting GET_LOCK is a statement of its own that reads no table.
 type MySQLRun struct {
-	// NewestEpoch: the servers the clients use do not replicate sqllock_run to each
+	// NewestEpoch: the servers the clients use do not replicate sqllock_runs to each
 	// other (Galera).
 	NewestEpoch bool
 }
 
 const (
-	// myRunRoom: the counter of this server's run (server_id) has room. Under
-	// binlog_format=MIXED a statement that reads @@server_id is logged as rows;
-	// under STATEMENT (deprecated) the server adds a note that it is unsafe (1592,
-	// seen on MariaDB 10.11), and a replica evaluates @@server_id as its own
-	// (MySQL: the draw changes no row there) or as the source's (MariaDB's replica
-	// thread: the draw applies). Either does no harm: the row names the source, so
-	// a promoted replica records a run of its own.
-	myRunRoom   = " WHERE id = 1 AND server_id = @@server_id AND (v & 17592186044415) < 17592186044415"
-	myRunNewest = " AND v >> 44 = (SELECT MAX(epoch) FROM sqllock_epoch)"
-	// notGranted is the insert id of a TryLockDraw statement whose lock was held
+	// myRunCurrent: the newest run row is this server's. A statement that reads
+	// @@server_id is unsafe for statement-based logging, but draws are not logged
+	// at all.
+	myRunCurrent = " FROM sqllock_runs r WHERE r.epoch = (SELECT MAX(epoch) FROM sqllock_runs) AND r.server_id = @@server_id"
+	myRunNewest  = " AND r.epoch = (SELECT MAX(epoch) FROM sqllock_epoch)"
+	// myRunToken is a token of the run of row r: epoch << 44 plus the values of the
+	// server's UUID_SHORT() counter since base.
+	myRunToken = "CAST((r.epoch << 44) + (UUID_SHORT() - r.base) AS SIGNED)"
+	// notGranted is the token of a TryLockDraw statement whose lock was held
 	// elsewhere.
 	notGranted = 1
 )
 
-func (r MySQLRun) guard() string {
+func (r MySQLRun) current() string {
 	if r.NewestEpoch {
-		return myRunRoom + myRunNewest
+		return myRunCurrent + myRunNewest
 	}
-	return myRunRoom
+	return myRunCurrent
 }
 
-// Draw returns the statement that draws a token: the statement's insert id (see
-// Drawn).
+// Draw returns the statement that draws a token: its one row's two columns are the
+// run's epoch and the token (see Drawn).
 func (r MySQLRun) Draw() string {
-	return "UPDATE sqllock_run SET v = LAST_INSERT_ID(v + 1)" + r.guard()
+	return "SELECT r.epoch, " + myRunToken + r.current()
 }
 
 // TryLockDraw returns the statement that evaluates lock, an expression that takes a
 // lock without waiting (GET_LOCK(name, 0)) and is 1 if it did, and draws a token
 // only if it did: one round trip for both. The expression is evaluated only if the
-// run has a current epoch; Drawn tells the outcomes apart.
+// server has a current run; Drawn tells the outcomes apart.
 func (r MySQLRun) TryLockDraw(lock string) string {
-	return "UPDATE sqllock_run SET v = IF(" + lock + " = 1, LAST_INSERT_ID(v + 1), v + 0 * LAST_INSERT_ID(" +
-		strconv.Itoa(notGranted) + "))" + r.guard()
+	return "SELECT r.epoch, IF(" + lock + " = 1, " + myRunToken + ", " + strconv.Itoa(notGranted) + ")" + r.current()
 }
 
 // Drawn runs stmt (Draw or a TryLockDraw statement) on q, a session in autocommit
 // mode, and returns the token drawn, or granted false if the lock of a TryLockDraw
-// statement was held elsewhere. When the server's run has no current epoch yet (the
-// statement changed nothing and took no lock), it records one (through q) and runs
-// stmt again.
+// statement was held elsewhere. When the server has no current run (the statement
+// returned no row and took no lock), it records one (through q) and runs stmt again;
+// when the run's counter is out of room (granted: the lock is taken), it records a
+// new one and draws again with Draw.
 func (r MySQLRun) Drawn(ctx context.Context, q Execer, stmt string) (tok int64, granted bool, err error) {
 	for attempt := 0; ; attempt++ {
-		res, err := q.ExecContext(ctx, stmt)
-		if err != nil {
-			return 0, false, err
-		}
-		id, err := res.LastInsertId()
+		var epoch, t int64
+		err := q.QueryRowContext(ctx, stmt).Scan(&epoch, &t)
 		switch {
-		case err != nil:
-			return 0, false, err
-		case id == notGranted:
+		case err == nil && t == notGranted:
 			return 0, false, nil
-		case id != 0:
-			return id, true, nil
+		case err == nil && t>>EpochShift == epoch && t > epoch<<EpochShift:
+			return t, true, nil
+		case err != nil && !errors.Is(err, sql.ErrNoRows):
+			return 0, false, err
 		case attempt == 3:
 			return 0, false, errors.New("fence: the server's run has no current epoch after recording one")
 		}
-		if err := r.newRun(ctx, q); err != nil {
+		full := int64(0)
+		if err == nil { // out of room; the lock, if any, is taken
+			full, stmt = epoch, r.Draw()
+		}
+		if err := r.newRun(ctx, q, full); err != nil {
 			return 0, false, err
 		}
 	}
 }
 
-// EpochSQL is a select-list expression of the epoch of the server's current run (the
-// epoch sqllock_run's counter is of), NULL while the run has none (see Epoch).
+// EpochSQL is a select-list expression of the epoch of the server's current run,
+// NULL while the server has none (see Epoch).
 func (r MySQLRun) EpochSQL() string {
-	return "(SELECT v >> " + strconv.Itoa(EpochShift) + " FROM sqllock_run" + r.guard() + ")"
+	return "(SELECT r.epoch" + r.current() + ")"
 }
 
 // Epoch returns the epoch of the server's current run, recording one (through q) if
-// the run has none yet. The epoch is committed before Epoch returns: a later run's is
-// larger.
+// the server has none yet. The epoch is committed before Epoch returns: a later run's
+// is larger.
 func (r MySQLRun) Epoch(ctx context.Context, q Execer) (int64, error) {
 	for attempt := 0; ; attempt++ {
 		var e sql.NullInt64
@@ -266,32 +275,33 @@ func (r MySQLRun) Epoch(ctx context.Context, q Execer) (int64, error) {
 		case attempt == 3:
 			return 0, errors.New("fence: the server's run has no current epoch after recording one")
 		}
-		if err := r.newRun(ctx, q); err != nil {
+		if err := r.newRun(ctx, q, 0); err != nil {
 			return 0, err
 		}
 	}
 }
 
-// runMu makes the goroutines of a process that find a run without a current epoch
+// runMu makes the goroutines of a process that find a server without a current run
 // record one epoch, not one each.
 var runMu sync.Mutex
 
-// newRun gives the server's current run a new epoch unless it has a current one
-// already (another session just recorded it): a row of sqllock_epoch one above the
-// largest, committed, then the counter sqllock_run seeded with it. Of sessions that
-// record epochs at the same time the larger wins (GREATEST); one that loses the race
-// for the same epoch number (a duplicate key or a deadlock) leaves it to the other.
-func (r MySQLRun) newRun(ctx context.Context, q Execer) error {
+// newRun gives the server a new run unless it has a current one already (another
+// session just recorded it) other than full, the epoch of a run out of room: a row
+// of sqllock_epoch one above the largest, committed, then the run's row in
+// sqllock_runs. Of sessions that record runs at the same time the larger epoch wins
+// (the newest row is the current run); one that loses the race for the same epoch
+// number (a duplicate key or a deadlock) leaves it to the other.
+func (r MySQLRun) newRun(ctx context.Context, q Execer, full int64) error {
 	runMu.Lock()
 	defer runMu.Unlock()
-	// The server's id is written as a literal: a replica applying the row's change as
+	// The server's id is written as a literal: a replica applying the row's insert as
 	// a statement (binlog_format=STATEMENT) must not take the run for its own.
 	var current sql.NullInt64
 	var server uint64
-	if err := q.QueryRowContext(ctx, "SELECT (SELECT 1 FROM sqllock_run"+r.guard()+"), @@server_id").Scan(&current, &server); err != nil {
+	if err := q.QueryRowContext(ctx, "SELECT "+r.EpochSQL()+", @@server_id").Scan(&current, &server); err != nil {
 		return err
 	}
-	if current.Valid {
+	if current.Valid && current.Int64 != full {
 		return nil
 	}
 	res, err := q.ExecContext(ctx, `INSERT INTO sqllock_epoch (epoch, created_at)
@@ -306,8 +316,7 @@ SELECT LAST_INSERT_ID(COALESCE(MAX(epoch), 0) + 1), UTC_TIMESTAMP(6) FROM sqlloc
 	if err != nil {
 		return err
 	}
-	v, sid := strconv.FormatInt(epoch<<EpochShift, 10), strconv.FormatUint(server, 10)
-	_, err = q.ExecContext(ctx, "INSERT INTO sqllock_run (id, v, server_id) VALUES (1, "+v+", "+sid+
-		") ON DUPLICATE KEY UPDATE v = GREATEST(v, "+v+"), server_id = "+sid)
+	_, err = q.ExecContext(ctx, "INSERT INTO sqllock_runs (epoch, base, server_id) VALUES ("+
+		strconv.FormatInt(epoch, 10)+", UUID_SHORT(), "+strconv.FormatUint(server, 10)+")")
 	return err
 }

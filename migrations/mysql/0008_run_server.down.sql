@@ -1,1 +1,0 @@
-ALTER TABLE sqllock_run DROP COLUMN server_id;
