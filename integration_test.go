@@ -286,7 +286,7 @@ var privileges = map[string]map[sqllock.Dialect][]string{
 	},
 	"advisory": {
 		sqllock.Postgres: {"SELECT, INSERT ON sqllock_epoch", "USAGE ON SEQUENCE sqllock_token_seq"},
-		sqllock.MySQL:    {"SELECT, INSERT ON sqllock_epoch", "SELECT, INSERT, UPDATE ON sqllock_runs"},
+		sqllock.MySQL:    {"SELECT, INSERT ON sqllock_epoch", "SELECT, INSERT ON sqllock_runs"},
 	},
 	"optimistic": {
 		sqllock.Postgres: {"SELECT, INSERT, UPDATE ON sqllock_optimistic", "SELECT ON sqllock_fence"},

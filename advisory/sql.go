@@ -266,7 +266,7 @@ func (l *Locker) sawContention(id lockID) {
 // Statements per acquisition, the release not counted:
 //   - a session whose id is known (the usual case: the Locker keeps sessions for
 //     reuse): one when the lock is free (GET_LOCK(name, 0), with a token inside the
-//     UPDATE that draws it); when it is held, the waiting GET_LOCK, and with a token
+//     SELECT that draws it, fence.MySQLRun.TryLockDraw); when it is held, the waiting GET_LOCK, and with a token
 //     the draw after it. A blocking Acquire of a name that the Locker saw held
 //     within contendedFor waits at once; otherwise a held lock costs the failed
 //     attempt too.

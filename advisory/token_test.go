@@ -179,7 +179,7 @@ func TestEpochTokensMySQL(t *testing.T) {
 // run's epoch while other clients wait for the same lock. A statement that reads the
 // MEMORY table sqllock_runs holds its table lock while it runs, so a waiter that held
 // it while waiting would deadlock with the writer of the epoch: the waiting GET_LOCK
-// reads no table. Here the run's counter is dropped (as a restart does) while
+// reads no table. Here the server's run is dropped (as a restart does) while
 // waiters of other pools queue behind a holder; every waiter must get the lock in
 // turn, quickly, with tokens of the next epoch in increasing order.
 func TestEpochRecordedUnderContentionMySQL(t *testing.T) {

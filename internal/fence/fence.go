@@ -196,8 +196,9 @@ const (
 	myRunCurrent = " FROM sqllock_runs r WHERE r.epoch = (SELECT MAX(epoch) FROM sqllock_runs) AND r.server_id = @@server_id"
 	myRunNewest  = " AND r.epoch = (SELECT MAX(epoch) FROM sqllock_epoch)"
 	// myRunToken is a token of the run of row r: epoch << 44 plus the values of the
-	// server's UUID_SHORT() counter since base.
-	myRunToken = "CAST((r.epoch << 44) + (UUID_SHORT() - r.base) AS SIGNED)"
+	// server's UUID_SHORT() counter since base (0, which Drawn takes for a run out
+	// of room, if base is above it: a row restored from elsewhere).
+	myRunToken = "CAST((r.epoch << 44) + (GREATEST(UUID_SHORT(), r.base) - r.base) AS SIGNED)"
 	// notGranted is the token of a TryLockDraw statement whose lock was held
 	// elsewhere.
 	notGranted = 1
@@ -282,18 +283,34 @@ func (r MySQLRun) Epoch(ctx context.Context, q Execer) (int64, error) {
 }
 
 // runMu makes the goroutines of a process that find a server without a current run
-// record one epoch, not one each.
+// record one epoch, not one each; myRunLock does the same for processes.
 var runMu sync.Mutex
+
+// myRunLock is the server's named lock under which a session records a run (its
+// name is not hex, so no lock of advisory's is named so), held for two short
+// inserts; nothing that holds it waits for another named lock.
+const myRunLock = "'sqllock:newrun'"
 
 // newRun gives the server a new run unless it has a current one already (another
 // session just recorded it) other than full, the epoch of a run out of room: a row
 // of sqllock_epoch one above the largest, committed, then the run's row in
 // sqllock_runs. Of sessions that record runs at the same time the larger epoch wins
 // (the newest row is the current run); one that loses the race for the same epoch
-// number (a duplicate key or a deadlock) leaves it to the other.
+// number (a duplicate key or a deadlock) leaves it to the other. Sessions of other
+// processes wait for each other on a named lock (at most 10 s): without it, with
+// NewestEpoch, processes that started runs at once made each other's stale, and
+// some gave up (an acquisition failed after 3 runs recorded in turn).
 func (r MySQLRun) newRun(ctx context.Context, q Execer, full int64) error {
 	runMu.Lock()
 	defer runMu.Unlock()
+	var got sql.NullInt64
+	if err := q.QueryRowContext(ctx, "SELECT GET_LOCK("+myRunLock+", 10)").Scan(&got); err != nil {
+		return err
+	}
+	if got.Int64 != 1 {
+		return errors.New("fence: another session has been recording the server's run for 10 s")
+	}
+	defer q.ExecContext(context.WithoutCancel(ctx), "DO RELEASE_LOCK("+myRunLock+")")
 	// The server's id is written as a literal: a replica applying the row's insert as
 	// a statement (binlog_format=STATEMENT) must not take the run for its own.
 	var current sql.NullInt64
