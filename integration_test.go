@@ -370,3 +370,91 @@ func TestPrivileges(t *testing.T) {
 		}
 	})
 }
+
+// TestReplicaRestartAndFailover: every strategy on a MySQL source with one lossless
+// semi-synchronous replica (AFTER_SYNC, which the Lockers accept; two containers of
+// the pair's image, testdb.StartReplicaPair).
+//
+// First the replica restarts (a clean shutdown: it comes back with its MEMORY tables
+// empty) while every strategy takes and releases locks on the source: it must go on
+// applying. Before MySQL migration 0008 every advisory token draw updated a MEMORY
+// row, and the restarted replica's applier stopped at the next one with error 1032
+// (reproduced on MariaDB 10.11 and MySQL 9.7). Draws write nothing now: the replica
+// holds no run of the server.
+//
+// Then, with a lease of every strategy held on the source, the replica is promoted
+// while the source runs on (a failover that left the former source alive: the split
+// brain fencing tokens are for). A Locker on the promoted replica must draw tokens
+// above the held ones, including forupdate's, which was drawn in a transaction that
+// never committed and so never reached the replica: before 0008 the promoted replica
+// went on in its source's run and handed that token out again (MariaDB 10.11: held
+// 2^44+7, first on the promoted replica 2^44+7).
+func TestReplicaRestartAndFailover(t *testing.T) {
+	p := testdb.StartReplicaPair(t)
+	p.SemiSync(t, "after_sync")
+	ctx := testdb.Context(t, 5*time.Minute)
+	src := p.OpenSource(t)
+	must(t, migrations.Up(ctx, src, sqllock.MySQL))
+	name := testdb.Name(t)
+	lockers := map[string]sqllock.Locker{}
+	last := map[string]int64{}
+	take := func(s string, l sqllock.Locker, where string) sqllock.Lease {
+		t.Helper()
+		le, err := l.Acquire(ctx, name)
+		if err != nil {
+			t.Fatalf("%s on %s: %v", s, where, err)
+		}
+		if le.Token() <= last[s] {
+			t.Fatalf("%s on %s: token %d after %d", s, where, le.Token(), last[s])
+		}
+		last[s] = le.Token()
+		return le
+	}
+	cycle := func(s string) {
+		t.Helper()
+		le := take(s, lockers[s], "the source")
+		must(t, le.Release(ctx))
+	}
+	for _, s := range strategies {
+		lockers[s.name] = s.new(t, src, sqllock.MySQL)
+		cycle(s.name)
+	}
+	must(t, p.CatchUp(ctx))
+
+	p.RestartReplica(t)
+	for range 3 {
+		for _, s := range strategies {
+			cycle(s.name)
+		}
+	}
+	if err := p.CatchUp(ctx); err != nil {
+		t.Fatalf("the replica after its restart and locks taken on the source: %v", err)
+	}
+	rep := p.OpenReplica(t)
+	var runs int
+	must(t, rep.QueryRowContext(ctx, "SELECT COUNT(*) FROM sqllock_runs").Scan(&runs))
+	if runs != 0 {
+		t.Errorf("the restarted replica holds %d runs; want none (its MEMORY table was emptied, and draws write nothing)", runs)
+	}
+
+	held := map[string]sqllock.Lease{}
+	for _, s := range strategies {
+		held[s.name] = take(s.name, lockers[s.name], "the source")
+	}
+	p.Promote(t)
+	for _, s := range strategies {
+		promoted := s.new(t, rep, sqllock.MySQL)
+		tok := held[s.name].Token()
+		for i := range 3 {
+			le := take(s.name, promoted, "the promoted replica")
+			must(t, le.Release(ctx))
+			if i == 0 {
+				t.Logf("%s: token held on the former source %d, first on the promoted replica %d", s.name, tok, le.Token())
+			}
+		}
+		if err := held[s.name].Err(); err != nil {
+			t.Errorf("%s: the lease on the former source, which runs on: %v; want it held", s.name, err)
+		}
+		held[s.name].Release(ctx)
+	}
+}

@@ -10,7 +10,6 @@ import (
 	"github.com/sqllock/sqllock"
 	"github.com/sqllock/sqllock/advisory"
 	"github.com/sqllock/sqllock/locktest"
-	"github.com/sqllock/sqllock/migrations"
 	"github.com/sqllock/sqllock/testdb"
 )
 
@@ -260,59 +259,4 @@ func acquire(ctx context.Context, l *advisory.Locker, name string, try bool) (sq
 		return l.TryAcquire(ctx, name)
 	}
 	return l.Acquire(ctx, name)
-}
-
-// TestTokensAfterFailover: a MySQL replica promoted while its former source still
-// holds a lease draws tokens above that lease's (locktest.TokensAfterFailover).
-func TestTokensAfterFailover(t *testing.T) {
-	locktest.TokensAfterFailover(t, func(t testing.TB, db *sql.DB) sqllock.Locker { return newLocker(t, db, sqllock.MySQL) })
-}
-
-// TestReplicaRestart: a MySQL replica that restarts (and so comes back with its
-// MEMORY tables empty) goes on replicating while the source draws advisory tokens:
-// a draw writes nothing, and a new run inserts a row of a key of its own. Before
-// migration mysql/0008 every draw updated the counter row of sqllock_run, which
-// replication carried as a row change, and the restarted replica's applier stopped
-// at the next draw with error 1032 ("Can't find record in 'sqllock_run'": reproduced
-// here on MariaDB 10.11 and MySQL 9.7 before the change).
-func TestReplicaRestart(t *testing.T) {
-	p := testdb.StartReplicaPair(t)
-	ctx := testdb.Context(t, 5*time.Minute)
-	src := p.OpenSource(t)
-	if err := migrations.Up(ctx, src, sqllock.MySQL); err != nil {
-		t.Fatal(err)
-	}
-	l := newLocker(t, src, sqllock.MySQL)
-	name := testdb.Name(t)
-	var last int64
-	cycle := func() {
-		t.Helper()
-		for _, try := range []bool{true, false} { // TryLockDraw, then GET_LOCK and Draw
-			le, err := acquire(ctx, l, name, try)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if le.Token() <= last {
-				t.Fatalf("token %d after %d", le.Token(), last)
-			}
-			last = le.Token()
-			if err := le.Release(ctx); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	cycle()
-	if err := p.CatchUp(ctx); err != nil {
-		t.Fatal(err)
-	}
-	p.RestartReplica(t)
-	cycle()
-	cycle()
-	if err := p.CatchUp(ctx); err != nil {
-		t.Fatalf("the replica after its restart and draws on the source: %v", err)
-	}
-	var runs int
-	if err := p.OpenReplica(t).QueryRowContext(ctx, "SELECT COUNT(*) FROM sqllock_runs").Scan(&runs); err != nil || runs != 0 {
-		t.Fatalf("the restarted replica has %d runs (%v); want none: its MEMORY table was emptied, and draws write nothing", runs, err)
-	}
 }

@@ -672,9 +672,3 @@ func TestSemaphore(t *testing.T) {
 		}
 	})
 }
-
-// TestTokensAfterFailover: a MySQL replica promoted while its former source still
-// holds a lease draws tokens above that lease's (locktest.TokensAfterFailover).
-func TestTokensAfterFailover(t *testing.T) {
-	locktest.TokensAfterFailover(t, func(t testing.TB, db *sql.DB) sqllock.Locker { return newLocker(t, db, sqllock.MySQL) })
-}

@@ -325,9 +325,3 @@ func TestEpochTokensFallback(t *testing.T) {
 		t.Fatalf("largest epoch %d (%v), want %d: one per run", n, err, len(forms))
 	}
 }
-
-// TestTokensAfterFailover: a MySQL replica promoted while its former source still
-// holds a lease draws tokens above that lease's (locktest.TokensAfterFailover).
-func TestTokensAfterFailover(t *testing.T) {
-	locktest.TokensAfterFailover(t, func(t testing.TB, db *sql.DB) sqllock.Locker { return newLocker(t, db, sqllock.MySQL) })
-}

@@ -23,7 +23,6 @@ import (
 	"time"
 
 	"github.com/sqllock/sqllock"
-	"github.com/sqllock/sqllock/migrations"
 	"github.com/sqllock/sqllock/testdb"
 )
 
@@ -847,63 +846,6 @@ func testLatency(t *testing.T, cfg *Config) {
 		t.Fatalf("Release with latency: %v", err)
 	}
 	t.Logf("held %v with %v latency each way (Acquire took %v): no loss", cfg.LatencyHold, cfg.Latency, took.Round(time.Millisecond))
-}
-
-// TokensAfterFailover checks, on MySQL, that a replica promoted to source hands out
-// fencing tokens larger than every token its former source handed out, including
-// the token of a lease the source still holds (for forupdate, drawn in a transaction
-// that never commits, so the replica never sees it): on a source with one lossless
-// semi-synchronous replica (AFTER_SYNC, which the Lockers accept), 5 leases are taken
-// and released, and a sixth is held; the replica is promoted once it has applied what
-// it received, while the source runs on with the lease (a failover that left the
-// former source alive: the split brain fencing tokens are for). A Locker on the
-// promoted replica must then draw a token above the held one, and go on growing.
-// newLocker makes a Locker on a pool. It needs containers (testdb.StartReplicaPair).
-func TokensAfterFailover(t *testing.T, newLocker func(t testing.TB, db *sql.DB) sqllock.Locker) {
-	p := testdb.StartReplicaPair(t)
-	p.SemiSync(t, "after_sync")
-	ctx := testdb.Context(t, 3*time.Minute)
-	src := p.OpenSource(t)
-	if err := migrations.Up(ctx, src, sqllock.MySQL); err != nil {
-		t.Fatal(err)
-	}
-	l := newLocker(t, src)
-	name := uniqueName(t)
-	var last int64
-	for i := range 5 {
-		le := mustAcquire(t, l, name)
-		if le.Token() <= last {
-			t.Fatalf("acquisition %d on the source: token %d after %d", i, le.Token(), last)
-		}
-		last = le.Token()
-		release(t, le)
-	}
-	held := mustAcquire(t, l, name)
-	defer held.Release(ctx)
-	if held.Token() <= last {
-		t.Fatalf("held lease on the source: token %d after %d", held.Token(), last)
-	}
-	p.Promote(t)
-	promoted := newLocker(t, p.OpenReplica(t))
-	last = held.Token()
-	for i := range 3 {
-		le, err := promoted.Acquire(ctx, name)
-		if err != nil {
-			t.Fatalf("acquisition %d on the promoted replica: %v", i, err)
-		}
-		tok := le.Token()
-		release(t, le)
-		if tok <= last {
-			t.Fatalf("acquisition %d on the promoted replica: token %d; the former source holds %d (last before: %d)", i, tok, held.Token(), last)
-		}
-		if i == 0 {
-			t.Logf("token held on the former source %d, first on the promoted replica %d", held.Token(), tok)
-		}
-		last = tok
-	}
-	if err := held.Err(); err != nil {
-		t.Errorf("the lease on the former source, which runs on: %v; want it held (the failover left it alive)", err)
-	}
 }
 
 // TokensAcrossCrash checks that fencing tokens grow across a crash of the server of

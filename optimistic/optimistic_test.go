@@ -377,9 +377,3 @@ func TestRetry(t *testing.T) {
 		t.Errorf("cancelled Retry = %v after %d calls", err, n)
 	}
 }
-
-// TestTokensAfterFailover: a MySQL replica promoted while its former source still
-// holds a lease draws tokens above that lease's (locktest.TokensAfterFailover).
-func TestTokensAfterFailover(t *testing.T) {
-	locktest.TokensAfterFailover(t, func(t testing.TB, db *sql.DB) sqllock.Locker { return newLocker(t, db, sqllock.MySQL) })
-}
