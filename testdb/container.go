@@ -161,7 +161,20 @@ func finish(ctx context.Context, kind, image string, ctr testcontainers.Containe
 	if err != nil {
 		return "", nil, nil, errors.Join(fmt.Errorf("%s container from %s: %w", kind, image, err), terminate(ctr))
 	}
-	restart := func(ctx context.Context, kill bool) (string, error) {
+	stop := func(ctx context.Context) error {
+		if err := ctr.Terminate(ctx); err != nil {
+			return fmt.Errorf("terminate %s container: %w", kind, err)
+		}
+		return nil
+	}
+	return dsn, restarter(kind, ctr, current), stop, nil
+}
+
+// restarter returns the restart func of a container: it stops the container (with
+// kill, SIGKILL at once: a crash) and starts it again, and returns the DSN of the
+// started server (its mapped port changes).
+func restarter(kind string, ctr testcontainers.Container, current func(context.Context) (string, error)) func(context.Context, bool) (string, error) {
+	return func(ctx context.Context, kill bool) (string, error) {
 		if kill {
 			// SIGKILL to the container at once, no stop signal first: a crash.
 			cli, err := testcontainers.NewDockerClientWithOpts(ctx)
@@ -188,13 +201,6 @@ func finish(ctx context.Context, kind, image string, ctr testcontainers.Containe
 		}
 		return current(ctx)
 	}
-	stop := func(ctx context.Context) error {
-		if err := ctr.Terminate(ctx); err != nil {
-			return fmt.Errorf("terminate %s container: %w", kind, err)
-		}
-		return nil
-	}
-	return dsn, restart, stop, nil
 }
 
 // startFailed wraps a start error and removes whatever was created.

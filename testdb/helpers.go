@@ -78,10 +78,19 @@ func Rebind(d sqllock.Dialect, q string) string {
 // rows.
 func RowMaps(t testing.TB, rows *sql.Rows) []map[string]sql.NullString {
 	t.Helper()
+	out, err := rowMaps(rows)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// rowMaps is RowMaps returning its error.
+func rowMaps(rows *sql.Rows) ([]map[string]sql.NullString, error) {
 	defer rows.Close()
 	cols, err := rows.Columns()
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	var out []map[string]sql.NullString
 	for rows.Next() {
@@ -91,7 +100,7 @@ func RowMaps(t testing.TB, rows *sql.Rows) []map[string]sql.NullString {
 			ptrs[i] = &vals[i]
 		}
 		if err := rows.Scan(ptrs...); err != nil {
-			t.Fatal(err)
+			return nil, err
 		}
 		m := make(map[string]sql.NullString, len(cols))
 		for i, c := range cols {
@@ -99,10 +108,7 @@ func RowMaps(t testing.TB, rows *sql.Rows) []map[string]sql.NullString {
 		}
 		out = append(out, m)
 	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
-	return out
+	return out, rows.Err()
 }
 
 // ExplainMySQL returns MySQL's plan of query with args, one map per row (lower-case

@@ -23,8 +23,8 @@ type ReplicaPair struct {
 	Source, Replica string
 	src, rep        *sql.DB
 	mariadb         bool
-	repCtr          testcontainers.Container
-	repCurrent      func(context.Context) (string, error)
+	status          string // the statement that shows the source's binary log position
+	repRestart      func(ctx context.Context, kill bool) (string, error)
 }
 
 // StartReplicaPair starts a ReplicaPair for t, removed when t ends. It needs
@@ -74,7 +74,7 @@ func StartReplicaPair(t testing.TB) *ReplicaPair {
 		return fail(err)
 	}
 	srcCtr, srcDSN := s.ctr, s.dsn
-	p := &ReplicaPair{Source: srcDSN, Replica: r.dsn, repCtr: r.ctr, repCurrent: r.current}
+	p := &ReplicaPair{Source: srcDSN, Replica: r.dsn, repRestart: restarter("mysql replica", r.ctr, r.current)}
 	var err error
 	if p.src, err = open(sqllock.MySQL, srcDSN); err != nil {
 		return fail(err)
@@ -106,6 +106,7 @@ func StartReplicaPair(t testing.TB) *ReplicaPair {
 	if err != nil {
 		return fail(fmt.Errorf("%s: %w", status, err))
 	}
+	p.status = status
 	stmts := []string{fmt.Sprintf("CHANGE REPLICATION SOURCE TO SOURCE_HOST = '%s', SOURCE_PORT = 3306, SOURCE_USER = 'root', SOURCE_PASSWORD = '%s', SOURCE_LOG_FILE = '%s', SOURCE_LOG_POS = %d, GET_SOURCE_PUBLIC_KEY = 1",
 		srcIP, containerPassword, file, pos), "START REPLICA"}
 	if p.mariadb {
@@ -334,13 +335,13 @@ func (p *ReplicaPair) Promote(t testing.TB) {
 // log as far as it goes now (at most 60 s), or returns the error that stopped its
 // applier (Last_SQL_Error of SHOW REPLICA STATUS).
 func (p *ReplicaPair) CatchUp(ctx context.Context) error {
-	status, wait := "SHOW BINARY LOG STATUS", "SELECT SOURCE_POS_WAIT(?, ?, 60)"
+	wait := "SELECT SOURCE_POS_WAIT(?, ?, 60)"
 	if p.mariadb {
-		status, wait = "SHOW MASTER STATUS", "SELECT MASTER_POS_WAIT(?, ?, 60)"
+		wait = "SELECT MASTER_POS_WAIT(?, ?, 60)"
 	}
-	file, pos, err := binlogPosition(ctx, p.src, status)
+	file, pos, err := binlogPosition(ctx, p.src, p.status)
 	if err != nil {
-		return fmt.Errorf("%s: %w", status, err)
+		return fmt.Errorf("%s: %w", p.status, err)
 	}
 	var events sql.NullInt64 // events waited for; -1: timed out; NULL: the applier stopped
 	err = p.rep.QueryRowContext(ctx, wait, file, pos).Scan(&events)
@@ -360,28 +361,14 @@ func (p *ReplicaPair) applierError(ctx context.Context) string {
 	if err != nil {
 		return err.Error()
 	}
-	defer rows.Close()
-	cols, err := rows.Columns()
-	if err != nil {
+	status, err := rowMaps(rows)
+	switch {
+	case err != nil:
 		return err.Error()
-	}
-	if !rows.Next() {
+	case len(status) == 0:
 		return "no replication configured"
 	}
-	vals := make([]sql.NullString, len(cols))
-	ptrs := make([]any, len(cols))
-	for i := range vals {
-		ptrs[i] = &vals[i]
-	}
-	if err := rows.Scan(ptrs...); err != nil {
-		return err.Error()
-	}
-	msg := "no Last_SQL_Error column"
-	for i, c := range cols {
-		if c == "Last_SQL_Error" {
-			msg = "Last_SQL_Error: " + vals[i].String
-		}
-	}
+	msg := "Last_SQL_Error: " + status[0]["last_sql_error"].String
 	if !p.mariadb {
 		// MySQL's parallel applier names only its coordinator there; the worker's
 		// error is in performance_schema.
@@ -404,37 +391,10 @@ func (p *ReplicaPair) RestartReplica(t testing.TB) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	timeout := 30 * time.Second
-	if err := p.repCtr.Stop(ctx, &timeout); err != nil {
-		t.Fatalf("testdb: restarting the replica: stop: %v", err)
-	}
-	if err := p.repCtr.Start(ctx); err != nil {
-		t.Fatalf("testdb: restarting the replica: start: %v", err)
-	}
-	dsn, err := p.repCurrent(ctx)
+	dsn, err := p.repRestart(ctx, false)
 	if err != nil {
 		t.Fatalf("testdb: restarting the replica: %v", err)
 	}
-	rep, err := open(sqllock.MySQL, dsn)
-	if err != nil {
-		t.Fatalf("testdb: restarting the replica: %v", err)
-	}
-	t.Cleanup(func() { rep.Close() })
 	p.rep.Close()
-	p.Replica, p.rep = dsn, rep
+	p.Replica, p.rep = dsn, p.openPool(t, dsn)
 }
-
-// ExecReplica runs statements on the replica (SET GLOBAL ..., START REPLICA).
-func (p *ReplicaPair) ExecReplica(t testing.TB, stmts ...string) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	for _, q := range stmts {
-		if _, err := p.rep.ExecContext(ctx, q); err != nil {
-			t.Fatalf("testdb: on the replica: %s: %v", q, err)
-		}
-	}
-}
-
-// MariaDB tells whether the pair's servers are MariaDB's (else Oracle MySQL's).
-func (p *ReplicaPair) MariaDB() bool { return p.mariadb }

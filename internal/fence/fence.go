@@ -249,7 +249,7 @@ func (r MySQLRun) Drawn(ctx context.Context, q Execer, stmt string) (tok int64, 
 		if err == nil { // out of room; the lock, if any, is taken
 			full, stmt = epoch, r.Draw()
 		}
-		if err := r.newRun(ctx, q, full); err != nil {
+		if _, err := r.newRun(ctx, q, full); err != nil {
 			return 0, false, err
 		}
 	}
@@ -276,8 +276,8 @@ func (r MySQLRun) Epoch(ctx context.Context, q Execer) (int64, error) {
 		case attempt == 3:
 			return 0, errors.New("fence: the server's run has no current epoch after recording one")
 		}
-		if err := r.newRun(ctx, q, 0); err != nil {
-			return 0, err
+		if e, err := r.newRun(ctx, q, 0); err != nil || e != 0 {
+			return e, err
 		}
 	}
 }
@@ -299,16 +299,18 @@ const myRunLock = "'sqllock:newrun'"
 // number (a duplicate key or a deadlock) leaves it to the other. Sessions of other
 // processes wait for each other on a named lock (at most 10 s): without it, with
 // NewestEpoch, processes that started runs at once made each other's stale, and
-// some gave up (an acquisition failed after 3 runs recorded in turn).
-func (r MySQLRun) newRun(ctx context.Context, q Execer, full int64) error {
+// some gave up (an acquisition failed after 3 runs recorded in turn). It returns the
+// epoch of the server's current run, the one found or recorded, or 0 if another
+// session recorded it.
+func (r MySQLRun) newRun(ctx context.Context, q Execer, full int64) (int64, error) {
 	runMu.Lock()
 	defer runMu.Unlock()
 	var got sql.NullInt64
 	if err := q.QueryRowContext(ctx, "SELECT GET_LOCK("+myRunLock+", 10)").Scan(&got); err != nil {
-		return err
+		return 0, err
 	}
 	if got.Int64 != 1 {
-		return errors.New("fence: another session has been recording the server's run for 10 s")
+		return 0, errors.New("fence: another session has been recording the server's run for 10 s")
 	}
 	defer q.ExecContext(context.WithoutCancel(ctx), "DO RELEASE_LOCK("+myRunLock+")")
 	// The server's id is written as a literal: a replica applying the row's insert as
@@ -316,24 +318,26 @@ func (r MySQLRun) newRun(ctx context.Context, q Execer, full int64) error {
 	var current sql.NullInt64
 	var server uint64
 	if err := q.QueryRowContext(ctx, "SELECT "+r.EpochSQL()+", @@server_id").Scan(&current, &server); err != nil {
-		return err
+		return 0, err
 	}
 	if current.Valid && current.Int64 != full {
-		return nil
+		return current.Int64, nil
 	}
 	res, err := q.ExecContext(ctx, `INSERT INTO sqllock_epoch (epoch, created_at)
 SELECT LAST_INSERT_ID(COALESCE(MAX(epoch), 0) + 1), UTC_TIMESTAMP(6) FROM sqllock_epoch`)
 	if sqlerr.Is(err, sqlerr.Duplicate) || sqlerr.Is(err, sqlerr.Deadlock) {
-		return nil // another session recorded this epoch: the caller draws again
+		return 0, nil // another session recorded this epoch: the caller looks again
 	}
 	if err != nil {
-		return err
+		return 0, err
 	}
 	epoch, err := res.LastInsertId()
 	if err != nil {
-		return err
+		return 0, err
 	}
-	_, err = q.ExecContext(ctx, "INSERT INTO sqllock_runs (epoch, base, server_id) VALUES ("+
-		strconv.FormatInt(epoch, 10)+", UUID_SHORT(), "+strconv.FormatUint(server, 10)+")")
-	return err
+	if _, err := q.ExecContext(ctx, "INSERT INTO sqllock_runs (epoch, base, server_id) VALUES ("+
+		strconv.FormatInt(epoch, 10)+", UUID_SHORT(), "+strconv.FormatUint(server, 10)+")"); err != nil {
+		return 0, err
+	}
+	return epoch, nil
 }
