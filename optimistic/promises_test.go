@@ -1,0 +1,416 @@
+package optimistic_test
+
+import (
+	"context"
+	"database/sql"
+	"encoding/hex"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/sqllock/sqllock"
+	"github.com/sqllock/sqllock/internal/namekey"
+	"github.com/sqllock/sqllock/internal/wait"
+	"github.com/sqllock/sqllock/optimistic"
+	"github.com/sqllock/sqllock/testdb"
+)
+
+// rowExpiry reads the expiry of name's row on the database clock: µs since the
+// epoch, and µs left.
+func rowExpiry(t testing.TB, db *sql.DB, d sqllock.Dialect, name string) (at, left int64) {
+	t.Helper()
+	q := `SELECT floor(extract(epoch FROM expires_at) * 1000000)::bigint,
+  floor(extract(epoch FROM (expires_at - clock_timestamp())) * 1000000)::bigint
+FROM sqllock_optimistic WHERE lock_key = $1`
+	if d == sqllock.MySQL {
+		q = `SELECT TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', expires_at), TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at)
+FROM sqllock_optimistic WHERE lock_key = ?`
+	}
+	if err := db.QueryRowContext(testdb.Context(t, 30*time.Second), q, namekey.Key(name)).Scan(&at, &left); err != nil {
+		t.Fatalf("row of %q: %v", name, err)
+	}
+	return at, left
+}
+
+// balance reads the balance of the test account id.
+func balance(t testing.TB, db *sql.DB, d sqllock.Dialect, id string) int64 {
+	t.Helper()
+	var bal int64
+	if err := db.QueryRowContext(testdb.Context(t, 30*time.Second), testdb.Rebind(d, "SELECT balance FROM "+account+" WHERE id = ?"), id).Scan(&bal); err != nil {
+		t.Fatal(err)
+	}
+	return bal
+}
+
+// TestCheckHoldsOffTakeover: a holder's transaction that ran Check keeps the lease
+// row share-locked until it ends. The lease expires on the database clock while the
+// transaction is open (its keep-alive is 20 minutes away); another Locker's Acquire
+// then waits for that transaction: the server shows it blocked by the holder's
+// session, with the lease expired, and its Acquire has not returned. It takes the
+// lock over only after the COMMIT, which commits the guarded write; the old lease is
+// then lost.
+func TestCheckHoldsOffTakeover(t *testing.T) {
+	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
+		testdb.CheckLeaks(t)
+		admin := testdb.Open(t, d)
+		id := newAccount(t, admin, d)
+		ctx := testdb.Context(t, time.Minute)
+		db := testdb.Open(t, d)
+		a := newLocker(t, db, d, optimistic.WithTTL(time.Hour), optimistic.WithKeepalive(20*time.Minute))
+		b := newLocker(t, testdb.Open(t, d), d)
+		name := testdb.Name(t)
+		sl, err := a.Acquire(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held := sl.(*optimistic.Lease)
+		defer held.Release(ctx)
+		// The lease expires 2 s from now on the database clock; nothing renews it.
+		q := "UPDATE sqllock_optimistic SET expires_at = clock_timestamp() + interval '2 seconds' WHERE lock_key = $1"
+		if d == sqllock.MySQL {
+			q = "UPDATE sqllock_optimistic SET expires_at = UTC_TIMESTAMP(6) + INTERVAL 2 SECOND WHERE lock_key = ?"
+		}
+		if _, err := admin.ExecContext(ctx, q, namekey.Key(name)); err != nil {
+			t.Fatal(err)
+		}
+
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback()
+		sid := testdb.SessionID(ctx, t, d, tx)
+		if _, err := tx.ExecContext(ctx, testdb.Rebind(d, "UPDATE "+account+" SET balance = 1 WHERE id = ?"), id); err != nil {
+			t.Fatal(err)
+		}
+		if err := held.Check(ctx, tx); err != nil {
+			t.Fatalf("Check of a current lease: %v", err)
+		}
+
+		type result struct {
+			le  sqllock.Lease
+			err error
+		}
+		got := make(chan result, 1)
+		go func() {
+			le, err := b.Acquire(ctx, name)
+			got <- result{le, err}
+		}()
+		// MariaDB serves its lock waits from a cache that a read refreshes only 0.1 s
+		// after the previous one (see testdb.WaitsForLock): poll it slower.
+		every := 10 * time.Millisecond
+		if d == sqllock.MySQL {
+			every = 200 * time.Millisecond
+		}
+		// Until the lease has expired and the other Acquire waits for the checked
+		// transaction (polling the server: it sends no signal).
+		for {
+			select {
+			case r := <-got:
+				tok := int64(0)
+				if r.err == nil {
+					tok = r.le.Token()
+					r.le.Release(ctx)
+				}
+				t.Fatalf("another Locker's Acquire returned while the checked transaction was open: token %d (the holder's %d), %v",
+					tok, held.Token(), r.err)
+			default:
+			}
+			_, left := rowExpiry(t, admin, d, name)
+			n, err := testdb.BlockedBy(ctx, admin, d, sid)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if left <= 0 && n > 0 {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				t.Fatalf("the other Acquire never waited for the checked transaction (lease left %v, sessions blocked: %d)",
+					time.Duration(left)*time.Microsecond, n)
+			case <-time.After(every):
+			}
+		}
+		select {
+		case r := <-got:
+			t.Fatalf("another Locker's Acquire returned while it waited for the checked transaction: %v", r.err)
+		default:
+		}
+		if err := tx.Commit(); err != nil {
+			t.Fatal(err)
+		}
+		var r result
+		select {
+		case r = <-got:
+		case <-ctx.Done():
+			t.Fatal("the other Locker did not take over after the checked transaction committed")
+		}
+		if r.err != nil {
+			t.Fatalf("takeover: %v", r.err)
+		}
+		defer r.le.Release(ctx)
+		if r.le.Token() <= held.Token() {
+			t.Errorf("takeover token %d, not above %d", r.le.Token(), held.Token())
+		}
+		if bal := balance(t, admin, d, id); bal != 1 {
+			t.Errorf("the write guarded by a passed Check did not commit: balance %d", bal)
+		}
+		if err := held.Refresh(ctx); !errors.Is(err, sqllock.ErrLost) {
+			t.Errorf("Refresh of the old lease after the takeover = %v, want ErrLost", err)
+		}
+	})
+}
+
+// TestLeaseTTLOption: sqllock.WithLeaseTTL sets the lease time of one acquisition:
+// through a Locker whose leases last 30 s, a lease acquired with WithLeaseTTL(2s)
+// expires at most 2 s ahead on the database clock, also after its keep-alive renewed
+// it (a third of 2 s later: the row's expiry moves on), and Holder reports as much;
+// an acquisition without the option gets about 30 s.
+func TestLeaseTTLOption(t *testing.T) {
+	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
+		testdb.CheckLeaks(t)
+		admin := testdb.Open(t, d)
+		ctx := testdb.Context(t, time.Minute)
+		const ttl, short = 30 * time.Second, 2 * time.Second
+		l := newLocker(t, testdb.Open(t, d), d, optimistic.WithTTL(ttl))
+		shortName, longName := testdb.Name(t, "short"), testdb.Name(t, "default")
+		sl, err := l.Acquire(ctx, shortName, sqllock.WithLeaseTTL(short))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer sl.Release(ctx)
+		ll, err := l.Acquire(ctx, longName)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ll.Release(ctx)
+
+		at0, left := rowExpiry(t, admin, d, shortName)
+		if left <= 0 || left > short.Microseconds() {
+			t.Errorf("WithLeaseTTL(%v): the lease expires %v ahead, want at most %v", short, time.Duration(left)*time.Microsecond, short)
+		}
+		if h, err := l.Holder(ctx, shortName); err != nil || h.Remaining > short {
+			t.Errorf("WithLeaseTTL(%v): Holder = %+v, %v, want at most %v remaining", short, h, err, short)
+		}
+		_, left = rowExpiry(t, admin, d, longName)
+		if left < (ttl-5*time.Second).Microseconds() || left > ttl.Microseconds() {
+			t.Errorf("without the option: the lease expires %v ahead, want about %v", time.Duration(left)*time.Microsecond, ttl)
+		}
+		if h, err := l.Holder(ctx, longName); err != nil || h.Remaining < ttl-5*time.Second {
+			t.Errorf("without the option: Holder = %+v, %v, want about %v remaining", h, err, ttl)
+		}
+
+		// Two renewals (the keep-alive runs every third of 2 s): the expiry moves on
+		// and stays within 2 s.
+		for renewal := 1; renewal <= 2; renewal++ {
+			due := time.Now().Add(short) // three keep-alive intervals
+			for {
+				at, left := rowExpiry(t, admin, d, shortName)
+				if at > at0 {
+					if left > short.Microseconds() {
+						t.Errorf("renewal %d: the lease expires %v ahead, want at most %v", renewal, time.Duration(left)*time.Microsecond, short)
+					}
+					at0 = at
+					break
+				}
+				if left <= 0 || time.Now().After(due) {
+					t.Fatalf("renewal %d: the lease's expiry did not move on in %v (%v left; lease: %v)",
+						renewal, short, time.Duration(left)*time.Microsecond, sl.Err())
+				}
+				time.Sleep(10 * time.Millisecond) // polling the row: the database sends no signal
+			}
+		}
+		if err := sl.Err(); err != nil {
+			t.Errorf("lease with WithLeaseTTL(%v): %v", short, err)
+		}
+	})
+}
+
+// TestClientClockShift: the client clock is only used for monotonic durations:
+// shifted by an hour either way (one Locker's ahead, another's behind and without a
+// monotonic reading), exclusion and renewal are unchanged: for three TTLs the holder
+// keeps its lease and the other never gets the lock, which it gets once released.
+func TestClientClockShift(t *testing.T) {
+	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
+		testdb.CheckLeaks(t)
+		const ttl = 1500 * time.Millisecond
+		a := newLocker(t, testdb.Open(t, d), d, optimistic.WithTTL(ttl))
+		optimistic.SetNow(a, func() time.Time { return time.Now().Add(time.Hour) })
+		b := newLocker(t, testdb.Open(t, d), d, optimistic.WithTTL(ttl))
+		optimistic.SetNow(b, func() time.Time { return time.Now().Add(-time.Hour).Round(0) }) // wall clock only
+		name := testdb.Name(t)
+		lease, err := a.Acquire(testdb.Context(t, 30*time.Second), name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		deadline := time.Now().Add(3 * ttl)
+		for time.Now().Before(deadline) {
+			if l, err := b.TryAcquire(testdb.Context(t, 30*time.Second), name); err == nil {
+				l.Release(testdb.Context(t, 30*time.Second))
+				t.Fatalf("a client with a clock one hour behind acquired a held lock (the holder's lease: %v)", lease.Err())
+			} else if !errors.Is(err, sqllock.ErrNotAcquired) {
+				t.Fatal(err)
+			}
+			select {
+			case <-lease.Done():
+				t.Fatalf("lease lost with a client clock one hour ahead: %v", lease.Err())
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+		if err := lease.Release(testdb.Context(t, 30*time.Second)); err != nil {
+			t.Fatal(err)
+		}
+		l, err := b.Acquire(testdb.Context(t, 30*time.Second), name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if l.Token() <= lease.Token() {
+			t.Errorf("token %d after %d", l.Token(), lease.Token())
+		}
+		l.Release(testdb.Context(t, 30*time.Second))
+	})
+}
+
+// TestStatementsPerAcquisition: a name used again by the same Locker costs one
+// statement to acquire (the compare-and-swap with the version it released last) and
+// one to release, on both databases, with Acquire and TryAcquire alike, counted as
+// sent (keep-alives and session setup included).
+func TestStatementsPerAcquisition(t *testing.T) {
+	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
+		testdb.CheckLeaks(t)
+		ctx := testdb.Context(t, time.Minute)
+		var sent atomic.Int64
+		l := newLocker(t, testdb.OpenCounting(t, d, &sent), d)
+		name := testdb.Name(t)
+		cycle := func(try bool) {
+			t.Helper()
+			acquire := l.Acquire
+			if try {
+				acquire = l.TryAcquire
+			}
+			le, err := acquire(ctx, name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := le.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		cycle(false) // first use: the deployment check, the row created
+		const n = 20
+		start := sent.Load()
+		for i := range n {
+			cycle(i%2 == 1)
+		}
+		if got := sent.Load() - start; got != 2*n {
+			t.Errorf("a name used again: %d statements for %d acquisitions and releases, want 2 each", got, n)
+		}
+	})
+}
+
+// TestNotifyOnlyWhenWaited: on PostgreSQL a release notifies (a NOTIFY serialises
+// the commits of the whole database) only if someone waits: an uncontended
+// Acquire+Release and a refused TryAcquire send none; a release while an Acquire of
+// another Locker (another process) waits, in the name's server-side line or having
+// marked the row, sends one, which wakes that waiter: its polling (10 minutes) and
+// the holder's lease (5 minutes) are too slow to be what woke it.
+func TestNotifyOnlyWhenWaited(t *testing.T) {
+	d := sqllock.Postgres
+	testdb.CheckLeaks(t)
+	ctx := testdb.Context(t, 2*time.Minute)
+	admin := testdb.Open(t, d)
+	holderL := newLocker(t, testdb.Open(t, d), d, optimistic.WithTTL(5*time.Minute), optimistic.WithPollInterval(10*time.Minute))
+	waiterL := newLocker(t, testdb.Open(t, d), d, optimistic.WithPollInterval(10*time.Minute))
+	quiet, waited := testdb.Name(t, "quiet"), testdb.Name(t, "waited")
+
+	conn, err := admin.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	err = conn.Raw(func(dc any) error {
+		listener := dc.(*stdlib.Conn).Conn()
+		if _, err := listener.Exec(ctx, "LISTEN sqllock_optimistic"); err != nil {
+			return err
+		}
+		defer listener.Exec(context.WithoutCancel(ctx), "UNLISTEN sqllock_optimistic")
+
+		// Uncontended, twice (the second time the Locker swaps with the version it
+		// released), and a refused TryAcquire: no NOTIFY.
+		for range 2 {
+			le, err := holderL.Acquire(ctx, quiet)
+			if err != nil {
+				return err
+			}
+			if _, err := waiterL.TryAcquire(ctx, quiet); !errors.Is(err, sqllock.ErrNotAcquired) {
+				return errors.New("TryAcquire of a held lock did not fail")
+			}
+			if err := le.Release(ctx); err != nil {
+				return err
+			}
+		}
+
+		// Contended: an Acquire of another Locker waits; the release notifies.
+		holder, err := holderL.Acquire(ctx, waited)
+		if err != nil {
+			return err
+		}
+		got := make(chan error, 1)
+		wctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		go func() {
+			le, err := waiterL.Acquire(wctx, waited)
+			if err == nil {
+				err = le.Release(ctx)
+			}
+			got <- err
+		}()
+		// The signal that the waiter waits: it holds the name's line lock, or marked
+		// the row (what the release looks at).
+		waiting := `SELECT waiters OR NOT pg_try_advisory_xact_lock_shared(` + wait.PgLineKey("optimistic", "$1") + `)
+FROM sqllock_optimistic WHERE lock_key = $1`
+		for w := false; !w; {
+			if err := admin.QueryRowContext(ctx, waiting, namekey.Key(waited)).Scan(&w); err != nil {
+				return err
+			}
+			if !w {
+				time.Sleep(5 * time.Millisecond) // polling the server's view: there is no signal
+			}
+		}
+		released := time.Now()
+		if err := holder.Release(ctx); err != nil {
+			return err
+		}
+		select {
+		case err := <-got:
+			if err != nil {
+				return err
+			}
+		case <-time.After(30 * time.Second):
+			return errors.New("the waiter was not woken by the release (its poll interval is 10 minutes, the holder's lease 5)")
+		}
+		t.Logf("the waiter got the lock %v after the release", time.Since(released))
+
+		// Notifications come in commit order: the quiet releases, had they notified,
+		// would come before the waited one's.
+		quietKey, waitedKey := hex.EncodeToString(namekey.Key(quiet)), hex.EncodeToString(namekey.Key(waited))
+		for {
+			n, err := listener.WaitForNotification(ctx)
+			if err != nil {
+				return err
+			}
+			switch n.Payload {
+			case quietKey:
+				return errors.New("a release nobody waited for sent a NOTIFY")
+			case waitedKey:
+				return nil
+			}
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
