@@ -140,3 +140,115 @@ func TestStatementsPerAcquisition(t *testing.T) {
 		}
 	})
 }
+
+// TestSlowGrantRenewedBeforeReturn: a grant whose statement waited long in the server
+// is renewed before Acquire returns, so a lease is never handed out nearly expired
+// (README, Timing; rowlease.Fresh). The waiter's statement computes the expiry when it
+// starts; here it starts once the holder's lease has expired (so it takes the row
+// over) and then waits 2.5 s (more than a third of its 6 s TTL) for the row lock of
+// the holder's still open Check transaction, and is granted when that commits. When
+// Acquire returns, the waiter's row must have about its whole TTL left on the database
+// clock, not the 3.5 s left of an expiry computed before the wait (its keep-alive,
+// every 3 s, is not due yet).
+func TestSlowGrantRenewedBeforeReturn(t *testing.T) {
+	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
+		testdb.CheckLeaks(t)
+		const ttl, wait = 6 * time.Second, 2500 * time.Millisecond
+		admin := testdb.Open(t, d)
+		ctx := testdb.Context(t, time.Minute)
+		db := testdb.Open(t, d)
+		h := newLocker(t, db, d, WithTTL(time.Hour), WithKeepalive(20*time.Minute))
+		w := newLocker(t, testdb.Open(t, d), d, WithTTL(ttl), WithKeepalive(ttl/2), WithPollInterval(20*time.Millisecond))
+		name := testdb.Name(t)
+		hl, err := h.Acquire(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held := hl.(*Lease)
+		defer held.Release(ctx)
+		// The holder's lease expires 300 ms from now on the database clock (the Check
+		// below must come before); nothing renews it.
+		q := "UPDATE sqllock_lease SET expires_at = clock_timestamp() + interval '300 milliseconds' WHERE lock_key = $1"
+		if d == sqllock.MySQL {
+			q = "UPDATE sqllock_lease SET expires_at = UTC_TIMESTAMP(6) + INTERVAL 300000 MICROSECOND WHERE lock_key = ?"
+		}
+		if _, err := admin.ExecContext(ctx, q, namekey.Key(name)); err != nil {
+			t.Fatal(err)
+		}
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback()
+		sid := testdb.SessionID(ctx, t, d, tx)
+		if err := held.Check(ctx, tx); err != nil {
+			t.Fatalf("Check of a current lease: %v", err)
+		}
+		for { // until the holder's lease has expired (the database sends no signal)
+			if _, left := rowExpiry(t, admin, d, name); left < 0 {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				t.Fatal("the holder's lease never expired")
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+		type result struct {
+			le  sqllock.Lease
+			err error
+		}
+		got := make(chan result, 1)
+		go func() {
+			le, err := w.Acquire(ctx, name)
+			got <- result{le, err}
+		}()
+		every := 10 * time.Millisecond
+		if d == sqllock.MySQL {
+			every = 200 * time.Millisecond // MariaDB refreshes its lock-wait view 0.1 s after a read at the earliest
+		}
+		for { // until the waiter's statement waits for the checked transaction
+			n, err := testdb.BlockedBy(ctx, admin, d, sid)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n > 0 {
+				break
+			}
+			select {
+			case r := <-got:
+				t.Fatalf("Acquire returned while the checked transaction was open: %v", r.err)
+			case <-ctx.Done():
+				t.Fatal("the waiter's statement never waited for the checked transaction")
+			case <-time.After(every):
+			}
+		}
+		blocked := time.Now()
+		// The wait under test: the statement must have waited for more than a third of
+		// the TTL when it is granted.
+		select {
+		case r := <-got:
+			t.Fatalf("Acquire returned while the checked transaction was open: %v", r.err)
+		case <-time.After(wait):
+		}
+		if err := tx.Commit(); err != nil {
+			t.Fatal(err)
+		}
+		r := <-got
+		if r.err != nil {
+			t.Fatalf("Acquire after the checked transaction committed: %v", r.err)
+		}
+		defer r.le.Release(ctx)
+		_, left := rowExpiry(t, admin, d, name)
+		waited := time.Since(blocked)
+		t.Logf("granted after waiting %v in the server; the row has %v left (TTL %v)", waited.Round(time.Millisecond),
+			(time.Duration(left) * time.Microsecond).Round(time.Millisecond), ttl)
+		if min := ttl - time.Second; time.Duration(left)*time.Microsecond < min {
+			t.Errorf("a grant that waited %v was handed out with %v left on the database clock, want at least %v (renewed before Acquire returned)",
+				waited.Round(time.Millisecond), time.Duration(left)*time.Microsecond, min)
+		}
+		if err := r.le.Err(); err != nil {
+			t.Errorf("the slow grant's lease: %v", err)
+		}
+	})
+}
