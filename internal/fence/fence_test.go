@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -315,5 +316,80 @@ func TestMySQLNewRunAcrossProcesses(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestMySQLNewestEpochOtherNode: with NewestEpoch (Galera), a node that has a run of
+// its own does not record a newer run while another node's newer epoch is less than
+// two seconds old: that is clients using two nodes at once, and recording a run in
+// turn on each node used up 2,217 epochs in 30 s (the ha hammer's advisory cell opted
+// in on two nodes). The draw fails with ErrUnsafeDeployment and records nothing; once
+// the other node's epoch is older, or on a node with no run yet (as after a failover
+// to it, or a restart), a draw records a run of the next epoch at once.
+func TestMySQLNewestEpochOtherNode(t *testing.T) {
+	const d = sqllock.MySQL
+	ctx := testdb.Context(t, time.Minute)
+	db := testdb.OpenIsolatedMigrated(ctx, t, d)
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	run := fence.MySQLRun{NewestEpoch: true}
+	exec := func(q string) {
+		t.Helper()
+		if _, err := conn.ExecContext(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	maxEpoch := func() int64 {
+		t.Helper()
+		var e int64
+		if err := conn.QueryRowContext(ctx, "SELECT MAX(epoch) FROM sqllock_epoch").Scan(&e); err != nil {
+			t.Fatal(err)
+		}
+		return e
+	}
+	tok, granted, err := run.Drawn(ctx, conn, run.Draw())
+	if err != nil || !granted {
+		t.Fatalf("first draw: %d %v %v", tok, granted, err)
+	}
+	own := tok >> fence.EpochShift
+	// Another node records a newer run (its run row stays on that node: Galera does
+	// not replicate MEMORY tables).
+	other := own + 1
+	exec("INSERT INTO sqllock_epoch (epoch, created_at) VALUES (" + strconv.FormatInt(other, 10) + ", UTC_TIMESTAMP(6))")
+	for _, stmt := range []string{run.Draw(), run.TryLockDraw("GET_LOCK('sqllock:fence-test', 0)")} {
+		tok, granted, err = run.Drawn(ctx, conn, stmt)
+		if err == nil || !errors.Is(err, sqllock.ErrUnsafeDeployment) {
+			t.Fatalf("a draw while another node's newer run is fresh: %d %v %v; want ErrUnsafeDeployment", tok, granted, err)
+		}
+		if e := maxEpoch(); e != other {
+			t.Fatalf("epoch %d recorded by a refused draw (the other node's is %d)", e, other)
+		}
+	}
+	t.Logf("refused: %v", err)
+	exec("DO RELEASE_LOCK('sqllock:fence-test')")
+	// Two seconds later the node takes over with a run of the next epoch.
+	exec("UPDATE sqllock_epoch SET created_at = created_at - INTERVAL 3 SECOND WHERE epoch = " + strconv.FormatInt(other, 10))
+	tok, granted, err = run.Drawn(ctx, conn, run.Draw())
+	if err != nil || !granted || tok>>fence.EpochShift != other+1 {
+		t.Fatalf("a draw once the other node's run is older: %d (epoch %d) %v %v; want epoch %d", tok, tok>>fence.EpochShift, granted, err, other+1)
+	}
+	// A node with no run of its own (it restarted, or clients fail over to it) records
+	// one at once, however fresh the other node's newest epoch.
+	exec("DELETE FROM sqllock_runs")
+	newer := other + 5
+	exec("INSERT INTO sqllock_epoch (epoch, created_at) VALUES (" + strconv.FormatInt(newer, 10) + ", UTC_TIMESTAMP(6))")
+	tok, granted, err = run.Drawn(ctx, conn, run.Draw())
+	if err != nil || !granted || tok>>fence.EpochShift != newer+1 {
+		t.Fatalf("a draw on a node without a run: %d (epoch %d) %v %v; want epoch %d", tok, tok>>fence.EpochShift, granted, err, newer+1)
+	}
+	// Without NewestEpoch (replication, not Galera) the epochs of other servers do not
+	// matter.
+	exec("INSERT INTO sqllock_epoch (epoch, created_at) VALUES (" + strconv.FormatInt(newer+5, 10) + ", UTC_TIMESTAMP(6))")
+	var plain fence.MySQLRun
+	if tok, granted, err = plain.Drawn(ctx, conn, plain.Draw()); err != nil || !granted || tok>>fence.EpochShift != newer+1 {
+		t.Fatalf("a draw without NewestEpoch: %d (epoch %d) %v %v; want epoch %d", tok, tok>>fence.EpochShift, granted, err, newer+1)
 	}
 }
