@@ -549,6 +549,14 @@ func runHammerCell(t *testing.T, top hammerTopology, c hammerCell, dur time.Dura
 		if refused == 0 {
 			t.Errorf("no refusal (ErrUnsafeDeployment) in %v: the strategy ran on an unsafe deployment (%d lost updates, %d overlapping sections)", dur, lost, ov)
 		}
+	case "measured":
+		// Unsafe by design here, but what the library returns is still its promise:
+		// forupdate's COMMIT that certification (Galera, a group) fails is ErrLost, and
+		// no error reaches the caller raw (README: "A deadlock or certification failure
+		// at COMMIT is ErrLost").
+		if n := errs["other"] + errs["bare"]; c.strategy == "forupdate" && n != 0 {
+			t.Errorf("%d errors without a sentinel kind (%s): a certification failure must be reported as ErrLost", n, es)
+		}
 	}
 	return line
 }
