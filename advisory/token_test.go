@@ -161,8 +161,9 @@ func TestEpochTokensMySQL(t *testing.T) {
 	// sqllock_runs is not). Without the Galera promise the Locker goes on in its
 	// server's run (on servers that replicate sqllock_runs another server's newer
 	// run would come with its row); with it, every draw checks the epoch and takes
-	// a newer one.
-	exec("INSERT INTO sqllock_epoch (epoch, created_at) VALUES (10, UTC_TIMESTAMP(6))")
+	// a newer one (the other node's is a minute old: clients failed back from it; a
+	// fresher one is refused, see fence's TestMySQLNewestEpochOtherNode).
+	exec("INSERT INTO sqllock_epoch (epoch, created_at) VALUES (10, UTC_TIMESTAMP(6) - INTERVAL 1 MINUTE)")
 	draw(3)
 	l = newLocker(t, db, d, advisory.WithGaleraSingleWriter())
 	other = newLocker(t, db, d, advisory.WithGaleraSingleWriter())
