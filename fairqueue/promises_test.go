@@ -10,6 +10,7 @@ import (
 	"github.com/sqllock/sqllock"
 	"github.com/sqllock/sqllock/fairqueue"
 	"github.com/sqllock/sqllock/internal/namekey"
+	"github.com/sqllock/sqllock/locktest"
 	"github.com/sqllock/sqllock/testdb"
 )
 
@@ -295,116 +296,6 @@ func TestCheckHoldsOffSuccessor(t *testing.T) {
 	})
 }
 
-// TestLeaseTTLOption: sqllock.WithLeaseTTL sets the lease time of one acquisition:
-// through a Locker whose tickets live 30 s, a ticket acquired with WithLeaseTTL(2s)
-// expires at most 2 s ahead on the database clock, also after its keep-alive renewed
-// it (a third of 2 s later: the row's expiry moves on), and Holder reports as much;
-// an acquisition without the option gets about 30 s.
-func TestLeaseTTLOption(t *testing.T) {
-	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
-		testdb.CheckLeaks(t)
-		admin := testdb.Open(t, d)
-		ctx := testdb.Context(t, time.Minute)
-		const ttl, short = 30 * time.Second, 2 * time.Second
-		l := newLocker(t, testdb.Open(t, d), d, fairqueue.WithTTL(ttl))
-		shortName, longName := testdb.Name(t, "short"), testdb.Name(t, "default")
-		sl, err := l.Acquire(ctx, shortName, sqllock.WithLeaseTTL(short))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer sl.Release(ctx)
-		ll, err := l.Acquire(ctx, longName)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer ll.Release(ctx)
-
-		at0, left := ticketExpiry(t, admin, d, shortName, sl.Token())
-		if left <= 0 || left > short.Microseconds() {
-			t.Errorf("WithLeaseTTL(%v): the ticket expires %v ahead, want at most %v", short, time.Duration(left)*time.Microsecond, short)
-		}
-		if h, err := l.Holder(ctx, shortName); err != nil || h.Remaining > short {
-			t.Errorf("WithLeaseTTL(%v): Holder = %+v, %v, want at most %v remaining", short, h, err, short)
-		}
-		_, left = ticketExpiry(t, admin, d, longName, ll.Token())
-		if left < (ttl-5*time.Second).Microseconds() || left > ttl.Microseconds() {
-			t.Errorf("without the option: the ticket expires %v ahead, want about %v", time.Duration(left)*time.Microsecond, ttl)
-		}
-		if h, err := l.Holder(ctx, longName); err != nil || h.Remaining < ttl-5*time.Second {
-			t.Errorf("without the option: Holder = %+v, %v, want about %v remaining", h, err, ttl)
-		}
-
-		// Two renewals (the keep-alive runs every third of 2 s): the expiry moves on
-		// and stays within 2 s.
-		for renewal := 1; renewal <= 2; renewal++ {
-			due := time.Now().Add(short) // three keep-alive intervals
-			for {
-				at, left := ticketExpiry(t, admin, d, shortName, sl.Token())
-				if at > at0 {
-					if left > short.Microseconds() {
-						t.Errorf("renewal %d: the ticket expires %v ahead, want at most %v", renewal, time.Duration(left)*time.Microsecond, short)
-					}
-					at0 = at
-					break
-				}
-				if left <= 0 || time.Now().After(due) {
-					t.Fatalf("renewal %d: the ticket's expiry did not move on in %v (%v left; lease: %v)",
-						renewal, short, time.Duration(left)*time.Microsecond, sl.Err())
-				}
-				time.Sleep(10 * time.Millisecond) // polling the row: the database sends no signal
-			}
-		}
-		if err := sl.Err(); err != nil {
-			t.Errorf("lease with WithLeaseTTL(%v): %v", short, err)
-		}
-	})
-}
-
-// TestClientClockShift: the client clock is only used for monotonic durations:
-// shifted by an hour either way (one Locker's ahead, another's behind and without a
-// monotonic reading), exclusion and renewal are unchanged: for three TTLs the holder
-// keeps its lease and the other never gets the lock, which it gets once released.
-func TestClientClockShift(t *testing.T) {
-	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
-		testdb.CheckLeaks(t)
-		const ttl = 1500 * time.Millisecond
-		a := newLocker(t, testdb.Open(t, d), d, fairqueue.WithTTL(ttl))
-		fairqueue.SetNow(a, func() time.Time { return time.Now().Add(time.Hour) })
-		b := newLocker(t, testdb.Open(t, d), d, fairqueue.WithTTL(ttl))
-		fairqueue.SetNow(b, func() time.Time { return time.Now().Add(-time.Hour).Round(0) }) // wall clock only
-		name := testdb.Name(t)
-		lease, err := a.Acquire(testdb.Context(t, 30*time.Second), name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		deadline := time.Now().Add(3 * ttl)
-		for time.Now().Before(deadline) {
-			if l, err := b.TryAcquire(testdb.Context(t, 30*time.Second), name); err == nil {
-				l.Release(testdb.Context(t, 30*time.Second))
-				t.Fatalf("a client with a clock one hour behind acquired a held lock (the holder's lease: %v)", lease.Err())
-			} else if !errors.Is(err, sqllock.ErrNotAcquired) {
-				t.Fatal(err)
-			}
-			select {
-			case <-lease.Done():
-				t.Fatalf("lease lost with a client clock one hour ahead: %v", lease.Err())
-			case <-time.After(100 * time.Millisecond):
-			}
-		}
-		if err := lease.Release(testdb.Context(t, 30*time.Second)); err != nil {
-			t.Fatal(err)
-		}
-		l, err := b.Acquire(testdb.Context(t, 30*time.Second), name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if l.Token() <= lease.Token() {
-			t.Errorf("token %d after %d", l.Token(), lease.Token())
-		}
-		l.Release(testdb.Context(t, 30*time.Second))
-	})
-}
-
 // TestSemaphoreGrantsInOrder: a semaphore of 2 permits grants in the order the
 // tickets were drawn: with both permits held, three waiters (Lockers and pools of
 // their own, as other processes), queued one after the other (each drew its ticket
@@ -491,5 +382,30 @@ func TestSemaphoreGrantsInOrder(t *testing.T) {
 		if !(holders[1].Token() < w1.Token() && w1.Token() < w2.Token() && w2.Token() < w3.Token()) {
 			t.Errorf("tokens: holders %d, %d, then waiters %d, %d, %d: want increasing", holders[0].Token(), holders[1].Token(), w1.Token(), w2.Token(), w3.Token())
 		}
+	})
+}
+
+// TestLeaseTTLOption: sqllock.WithLeaseTTL sets the lease time of one acquisition,
+// the ticket's (locktest.LeaseTTLOption).
+func TestLeaseTTLOption(t *testing.T) {
+	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
+		locktest.LeaseTTLOption(t, d, func(t testing.TB, db *sql.DB, ttl time.Duration) sqllock.Locker {
+			return newLocker(t, db, d, fairqueue.WithTTL(ttl))
+		}, func(t testing.TB, admin *sql.DB, name string, le sqllock.Lease) (int64, int64) {
+			return ticketExpiry(t, admin, d, name, le.Token())
+		})
+	})
+}
+
+// TestClientClockShift: the client clock is only used for monotonic durations;
+// shifted by an hour either way, exclusion and renewal are unchanged
+// (locktest.ClientClockShift).
+func TestClientClockShift(t *testing.T) {
+	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
+		locktest.ClientClockShift(t, d, func(t testing.TB, db *sql.DB, ttl time.Duration, now func() time.Time) sqllock.Locker {
+			l := newLocker(t, db, d, fairqueue.WithTTL(ttl))
+			fairqueue.SetNow(l, now)
+			return l
+		})
 	})
 }

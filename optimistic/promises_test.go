@@ -14,6 +14,7 @@ import (
 	"github.com/sqllock/sqllock"
 	"github.com/sqllock/sqllock/internal/namekey"
 	"github.com/sqllock/sqllock/internal/wait"
+	"github.com/sqllock/sqllock/locktest"
 	"github.com/sqllock/sqllock/optimistic"
 	"github.com/sqllock/sqllock/testdb"
 )
@@ -164,116 +165,6 @@ func TestCheckHoldsOffTakeover(t *testing.T) {
 	})
 }
 
-// TestLeaseTTLOption: sqllock.WithLeaseTTL sets the lease time of one acquisition:
-// through a Locker whose leases last 30 s, a lease acquired with WithLeaseTTL(2s)
-// expires at most 2 s ahead on the database clock, also after its keep-alive renewed
-// it (a third of 2 s later: the row's expiry moves on), and Holder reports as much;
-// an acquisition without the option gets about 30 s.
-func TestLeaseTTLOption(t *testing.T) {
-	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
-		testdb.CheckLeaks(t)
-		admin := testdb.Open(t, d)
-		ctx := testdb.Context(t, time.Minute)
-		const ttl, short = 30 * time.Second, 2 * time.Second
-		l := newLocker(t, testdb.Open(t, d), d, optimistic.WithTTL(ttl))
-		shortName, longName := testdb.Name(t, "short"), testdb.Name(t, "default")
-		sl, err := l.Acquire(ctx, shortName, sqllock.WithLeaseTTL(short))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer sl.Release(ctx)
-		ll, err := l.Acquire(ctx, longName)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer ll.Release(ctx)
-
-		at0, left := rowExpiry(t, admin, d, shortName)
-		if left <= 0 || left > short.Microseconds() {
-			t.Errorf("WithLeaseTTL(%v): the lease expires %v ahead, want at most %v", short, time.Duration(left)*time.Microsecond, short)
-		}
-		if h, err := l.Holder(ctx, shortName); err != nil || h.Remaining > short {
-			t.Errorf("WithLeaseTTL(%v): Holder = %+v, %v, want at most %v remaining", short, h, err, short)
-		}
-		_, left = rowExpiry(t, admin, d, longName)
-		if left < (ttl-5*time.Second).Microseconds() || left > ttl.Microseconds() {
-			t.Errorf("without the option: the lease expires %v ahead, want about %v", time.Duration(left)*time.Microsecond, ttl)
-		}
-		if h, err := l.Holder(ctx, longName); err != nil || h.Remaining < ttl-5*time.Second {
-			t.Errorf("without the option: Holder = %+v, %v, want about %v remaining", h, err, ttl)
-		}
-
-		// Two renewals (the keep-alive runs every third of 2 s): the expiry moves on
-		// and stays within 2 s.
-		for renewal := 1; renewal <= 2; renewal++ {
-			due := time.Now().Add(short) // three keep-alive intervals
-			for {
-				at, left := rowExpiry(t, admin, d, shortName)
-				if at > at0 {
-					if left > short.Microseconds() {
-						t.Errorf("renewal %d: the lease expires %v ahead, want at most %v", renewal, time.Duration(left)*time.Microsecond, short)
-					}
-					at0 = at
-					break
-				}
-				if left <= 0 || time.Now().After(due) {
-					t.Fatalf("renewal %d: the lease's expiry did not move on in %v (%v left; lease: %v)",
-						renewal, short, time.Duration(left)*time.Microsecond, sl.Err())
-				}
-				time.Sleep(10 * time.Millisecond) // polling the row: the database sends no signal
-			}
-		}
-		if err := sl.Err(); err != nil {
-			t.Errorf("lease with WithLeaseTTL(%v): %v", short, err)
-		}
-	})
-}
-
-// TestClientClockShift: the client clock is only used for monotonic durations:
-// shifted by an hour either way (one Locker's ahead, another's behind and without a
-// monotonic reading), exclusion and renewal are unchanged: for three TTLs the holder
-// keeps its lease and the other never gets the lock, which it gets once released.
-func TestClientClockShift(t *testing.T) {
-	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
-		testdb.CheckLeaks(t)
-		const ttl = 1500 * time.Millisecond
-		a := newLocker(t, testdb.Open(t, d), d, optimistic.WithTTL(ttl))
-		optimistic.SetNow(a, func() time.Time { return time.Now().Add(time.Hour) })
-		b := newLocker(t, testdb.Open(t, d), d, optimistic.WithTTL(ttl))
-		optimistic.SetNow(b, func() time.Time { return time.Now().Add(-time.Hour).Round(0) }) // wall clock only
-		name := testdb.Name(t)
-		lease, err := a.Acquire(testdb.Context(t, 30*time.Second), name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		deadline := time.Now().Add(3 * ttl)
-		for time.Now().Before(deadline) {
-			if l, err := b.TryAcquire(testdb.Context(t, 30*time.Second), name); err == nil {
-				l.Release(testdb.Context(t, 30*time.Second))
-				t.Fatalf("a client with a clock one hour behind acquired a held lock (the holder's lease: %v)", lease.Err())
-			} else if !errors.Is(err, sqllock.ErrNotAcquired) {
-				t.Fatal(err)
-			}
-			select {
-			case <-lease.Done():
-				t.Fatalf("lease lost with a client clock one hour ahead: %v", lease.Err())
-			case <-time.After(100 * time.Millisecond):
-			}
-		}
-		if err := lease.Release(testdb.Context(t, 30*time.Second)); err != nil {
-			t.Fatal(err)
-		}
-		l, err := b.Acquire(testdb.Context(t, 30*time.Second), name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if l.Token() <= lease.Token() {
-			t.Errorf("token %d after %d", l.Token(), lease.Token())
-		}
-		l.Release(testdb.Context(t, 30*time.Second))
-	})
-}
-
 // TestStatementsPerAcquisition: a name used again by the same Locker costs one
 // statement to acquire (the compare-and-swap with the version it released last) and
 // one to release, on both databases, with Acquire and TryAcquire alike, counted as
@@ -413,4 +304,29 @@ FROM sqllock_optimistic WHERE lock_key = $1`
 	if err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestLeaseTTLOption: sqllock.WithLeaseTTL sets the lease time of one acquisition
+// (locktest.LeaseTTLOption).
+func TestLeaseTTLOption(t *testing.T) {
+	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
+		locktest.LeaseTTLOption(t, d, func(t testing.TB, db *sql.DB, ttl time.Duration) sqllock.Locker {
+			return newLocker(t, db, d, optimistic.WithTTL(ttl))
+		}, func(t testing.TB, admin *sql.DB, name string, _ sqllock.Lease) (int64, int64) {
+			return rowExpiry(t, admin, d, name)
+		})
+	})
+}
+
+// TestClientClockShift: the client clock is only used for monotonic durations;
+// shifted by an hour either way, exclusion and renewal are unchanged
+// (locktest.ClientClockShift).
+func TestClientClockShift(t *testing.T) {
+	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
+		locktest.ClientClockShift(t, d, func(t testing.TB, db *sql.DB, ttl time.Duration, now func() time.Time) sqllock.Locker {
+			l := newLocker(t, db, d, optimistic.WithTTL(ttl))
+			optimistic.SetNow(l, now)
+			return l
+		})
+	})
 }

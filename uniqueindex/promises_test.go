@@ -8,6 +8,7 @@ import (
 
 	"github.com/sqllock/sqllock"
 	"github.com/sqllock/sqllock/internal/namekey"
+	"github.com/sqllock/sqllock/locktest"
 	"github.com/sqllock/sqllock/testdb"
 )
 
@@ -26,71 +27,6 @@ FROM sqllock_lease WHERE lock_key = ?`
 		t.Fatalf("lease row of %q: %v", name, err)
 	}
 	return at, left
-}
-
-// TestLeaseTTLOption: sqllock.WithLeaseTTL sets the lease time of one acquisition:
-// through a Locker whose leases last 30 s, a lease acquired with WithLeaseTTL(2s)
-// expires at most 2 s ahead on the database clock, also after its keep-alive renewed
-// it (a third of 2 s later: the row's expiry moves on), and Holder reports as much;
-// an acquisition without the option gets about 30 s.
-func TestLeaseTTLOption(t *testing.T) {
-	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
-		testdb.CheckLeaks(t)
-		admin := testdb.Open(t, d)
-		ctx := testdb.Context(t, time.Minute)
-		const ttl, short = 30 * time.Second, 2 * time.Second
-		l := newLocker(t, testdb.Open(t, d), d, WithTTL(ttl))
-		shortName, longName := testdb.Name(t, "short"), testdb.Name(t, "default")
-		sl, err := l.Acquire(ctx, shortName, sqllock.WithLeaseTTL(short))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer sl.Release(ctx)
-		ll, err := l.Acquire(ctx, longName)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer ll.Release(ctx)
-
-		at0, left := rowExpiry(t, admin, d, shortName)
-		if left <= 0 || left > short.Microseconds() {
-			t.Errorf("WithLeaseTTL(%v): the lease expires %v ahead, want at most %v", short, time.Duration(left)*time.Microsecond, short)
-		}
-		if h, err := l.Holder(ctx, shortName); err != nil || h.Remaining > short {
-			t.Errorf("WithLeaseTTL(%v): Holder = %+v, %v, want at most %v remaining", short, h, err, short)
-		}
-		_, left = rowExpiry(t, admin, d, longName)
-		if left < (ttl-5*time.Second).Microseconds() || left > ttl.Microseconds() {
-			t.Errorf("without the option: the lease expires %v ahead, want about %v", time.Duration(left)*time.Microsecond, ttl)
-		}
-		if h, err := l.Holder(ctx, longName); err != nil || h.Remaining < ttl-5*time.Second {
-			t.Errorf("without the option: Holder = %+v, %v, want about %v remaining", h, err, ttl)
-		}
-
-		// Two renewals (the keep-alive runs every third of 2 s): the expiry moves on
-		// and stays within 2 s.
-		for renewal := 1; renewal <= 2; renewal++ {
-			due := time.Now().Add(short) // three keep-alive intervals
-			for {
-				at, left := rowExpiry(t, admin, d, shortName)
-				if at > at0 {
-					if left > short.Microseconds() {
-						t.Errorf("renewal %d: the lease expires %v ahead, want at most %v", renewal, time.Duration(left)*time.Microsecond, short)
-					}
-					at0 = at
-					break
-				}
-				if left <= 0 || time.Now().After(due) {
-					t.Fatalf("renewal %d: the lease's expiry did not move on in %v (%v left; lease: %v)",
-						renewal, short, time.Duration(left)*time.Microsecond, sl.Err())
-				}
-				time.Sleep(10 * time.Millisecond) // polling the row: the database sends no signal
-			}
-		}
-		if err := sl.Err(); err != nil {
-			t.Errorf("lease with WithLeaseTTL(%v): %v", short, err)
-		}
-	})
 }
 
 // TestStatementsPerAcquisition: once a Locker has used a name, an uncontended
@@ -250,5 +186,30 @@ func TestSlowGrantRenewedBeforeReturn(t *testing.T) {
 		if err := r.le.Err(); err != nil {
 			t.Errorf("the slow grant's lease: %v", err)
 		}
+	})
+}
+
+// TestLeaseTTLOption: sqllock.WithLeaseTTL sets the lease time of one acquisition
+// (locktest.LeaseTTLOption).
+func TestLeaseTTLOption(t *testing.T) {
+	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
+		locktest.LeaseTTLOption(t, d, func(t testing.TB, db *sql.DB, ttl time.Duration) sqllock.Locker {
+			return newLocker(t, db, d, WithTTL(ttl))
+		}, func(t testing.TB, admin *sql.DB, name string, _ sqllock.Lease) (int64, int64) {
+			return rowExpiry(t, admin, d, name)
+		})
+	})
+}
+
+// TestClientClockShift: the client clock is only used for monotonic durations;
+// shifted by an hour either way, exclusion and renewal are unchanged
+// (locktest.ClientClockShift).
+func TestClientClockShift(t *testing.T) {
+	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
+		locktest.ClientClockShift(t, d, func(t testing.TB, db *sql.DB, ttl time.Duration, now func() time.Time) sqllock.Locker {
+			l := newLocker(t, db, d, WithTTL(ttl))
+			l.b.Now = now
+			return l
+		})
 	})
 }
