@@ -291,11 +291,12 @@ func (s *session) GiveBack(ctx context.Context, lost bool) error {
 		if sqlerr.Is(err, sqlerr.SessionLost) {
 			return lease.Gone(fmt.Errorf("session lost: %w", err))
 		}
-		// Closing the session frees the lock (on the server's side, at the latest when
-		// its bound runs out).
+		// Closing the session frees the lock on the server's side: at once if the
+		// server sees the close, else (a partition, a server that does not answer)
+		// when its bound runs out. Not given back: Release says so (an error, not nil).
 		s.l.cfg.Logger.Warn("sqllock/advisory: unlock failed, session closed instead",
 			"name", s.id.name, "dialect", s.l.dialect.String(), "err", err)
-		return nil
+		return fmt.Errorf("unlock failed, session closed instead: %w", err)
 	case !held:
 		// On PostgreSQL the unlock ran on the backend that took the lock (else moved).
 		s.l.pins.Discard(s.conn)

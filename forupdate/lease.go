@@ -384,20 +384,24 @@ func (s *Lease) bounded(ctx context.Context, end func() error) error {
 }
 
 // breakSession ends the lease's session on the server and, where the driver lets us,
-// closes its socket, so that a statement stuck on it returns.
+// closes its socket, so that a statement stuck on it returns. The kill runs in the
+// background (for up to 1 s): the caller, whose context has ended, returns at once
+// (a Release returns within its context, even when the server cannot be reached).
 func (s *Lease) breakSession() {
 	if s.target.pgc != nil {
 		s.target.pgc.Conn().Close() // the socket: the stuck read returns at once
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	defer cancel()
 	q := "SELECT pg_terminate_backend(" + fmt.Sprint(s.session) + ")"
 	if s.l.dialect == sqllock.MySQL {
 		q = "KILL " + fmt.Sprint(s.session)
 	}
-	if _, err := s.l.db.ExecContext(ctx, q); err != nil {
-		s.l.cfg.Logger.Debug("sqllock/forupdate: could not end the session of a stuck COMMIT", "session", s.session, "err", err)
-	}
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		if _, err := s.l.db.ExecContext(ctx, q); err != nil {
+			s.l.cfg.Logger.Debug("sqllock/forupdate: could not end the session of a stuck COMMIT", "session", s.session, "err", err)
+		}
+	}()
 }
 
 // myStillOpen checks, on the lease's own session, that its transaction was not ended

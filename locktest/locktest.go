@@ -3,8 +3,9 @@
 // it against a Locker of their own.
 //
 // The suite checks mutual exclusion under contention with a deliberately non-atomic
-// read-sleep-write of a counter row over several pools, TryAcquire, Release, loss,
-// context deadlines and cancellation, fencing-token monotonicity, the name rules, a
+// read-sleep-write of a counter row over several pools, TryAcquire, Release (with an
+// ended context, and bounded when a partition cuts the holder off), loss, context
+// deadlines and cancellation, fencing-token monotonicity, the name rules, a
 // network partition of the holder (through a testdb.Proxy: the holder must be told
 // before anyone else acquires, and the lock must be free within a bound), latency on
 // the holder's connections (no false loss), and that every case leaves no goroutine
@@ -145,6 +146,7 @@ func Run(t *testing.T, cfg Config) {
 		{"Fairness", testFairness},
 		{"TryAcquire", testTryAcquire},
 		{"ReleaseTwice", testReleaseTwice},
+		{"ReleaseUnreachable", testReleaseUnreachable},
 		{"Loss", testLoss},
 		{"KillWindow", testKillWindow},
 		{"Deadline", testDeadline},
@@ -468,6 +470,147 @@ func testReleaseTwice(t *testing.T, cfg *Config) {
 	}
 }
 
+// testReleaseUnreachable: Release gives the lock back even when its context has
+// already ended, and is bounded when the server cannot be reached. On a healthy
+// server, Release with an ended context returns nil and another client gets the
+// lock at once. Then two leases are held through a proxy that is partitioned (no
+// FIN, no RST) right after the grants, while another client waits for each lock:
+// Release with an ended context still tries, for its own 5 s (README "Release
+// always gives back"), and returns an error (it could not give the lock back)
+// within 5 s plus slack; Release with a live context of 1 s returns an error within
+// that second plus slack. Neither returns before its time is up, unless with
+// ErrLost (the local deadline passed while a keep-alive was under way): in a
+// partition nothing else can be learnt early, so an earlier return means Release
+// did not try. The server-enforced bound then frees both locks: the waiting client
+// gets each within PartitionBound of the cut.
+func testReleaseUnreachable(t *testing.T, cfg *Config) {
+	const (
+		giveBack = 5 * time.Second // README: "bounded by its own 5 s"
+		liveFor  = time.Second     // the live context's deadline
+		early    = 250 * time.Millisecond
+	)
+	ls := lockers(t, cfg, 2)
+	ended, cancel := context.WithCancel(context.Background())
+	cancel()
+
+	healthy := uniqueName(t, "healthy")
+	lease := mustAcquire(t, ls[0], healthy)
+	if err := lease.Release(ended); err != nil {
+		t.Errorf("Release with an ended context on a healthy server = %v, want nil", err)
+	}
+	if after, err := ls[1].TryAcquire(testdb.Context(t, 30*time.Second), healthy); err != nil {
+		t.Errorf("TryAcquire right after a Release with an ended context: %v (the lock was not given back)", err)
+	} else {
+		release(t, after)
+	}
+
+	if cfg.PartitionBound == 0 {
+		t.Log("locktest: Config.PartitionBound not set: Release through a partition not checked")
+		return
+	}
+	holderDB, proxy := cfg.OpenProxied(t, cfg.Dialect)
+	holder := cfg.New(t, holderDB)
+	ctx := testdb.Context(t, cfg.PartitionBound+time.Minute)
+	names := [2]string{uniqueName(t, "ended"), uniqueName(t, "live")}
+	var leases [2]sqllock.Lease
+	for i, n := range names {
+		leases[i] = mustAcquire(t, holder, n)
+	}
+	// Partitioned right after the grants, before the first keep-alive is due: no
+	// keep-alive is under way when Release is called.
+	cut := time.Now()
+	proxy.Partition()
+	defer proxy.Heal()
+	type grant struct {
+		i     int
+		lease sqllock.Lease
+		err   error
+		at    time.Time
+	}
+	grants := make(chan grant, len(names))
+	for i, n := range names {
+		go func() {
+			l, err := ls[1].Acquire(ctx, n)
+			grants <- grant{i, l, err, time.Now()}
+		}()
+	}
+	type result struct {
+		err  error
+		took time.Duration
+	}
+	var res [2]result
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		start := time.Now()
+		err := leases[0].Release(ended)
+		res[0] = result{err, time.Since(start)}
+	}()
+	go func() {
+		defer wg.Done()
+		live, cancel := context.WithTimeout(context.Background(), liveFor)
+		defer cancel()
+		start := time.Now()
+		err := leases[1].Release(live)
+		res[1] = result{err, time.Since(start)}
+	}()
+	wg.Wait()
+	whats := [2]string{"with an ended context", fmt.Sprintf("with a live context of %v", liveFor)}
+	for i, c := range []struct {
+		what         string
+		bound, slack time.Duration
+	}{
+		{whats[0], giveBack, 2 * time.Second},
+		{whats[1], liveFor, time.Second},
+	} {
+		r := res[i]
+		t.Logf("Release %s through a partition: %v after %v", c.what, r.err, r.took.Round(time.Millisecond))
+		switch {
+		case r.err == nil:
+			t.Errorf("Release %s through a partition returned nil after %v: it cannot have given the lock back", c.what, r.took)
+		case r.took > c.bound+c.slack:
+			t.Errorf("Release %s through a partition returned after %v, want at most %v (+%v slack)", c.what, r.took, c.bound, c.slack)
+		case r.took < c.bound-early && !errors.Is(r.err, sqllock.ErrLost):
+			t.Errorf("Release %s through a partition returned after %v, before its %v were up, with %v: it did not try to give the lock back",
+				c.what, r.took, c.bound, r.err)
+		}
+		if leases[i].Err() == nil {
+			t.Errorf("Err() after Release %s is nil: the lease still reports itself held", c.what)
+		}
+		select {
+		case <-leases[i].Done():
+		default:
+			t.Errorf("Done() not closed after Release %s", c.what)
+		}
+	}
+	var got []sqllock.Lease
+	for range names {
+		var g grant
+		select {
+		case g = <-grants:
+		case <-time.After(cfg.PartitionBound + 30*time.Second):
+			t.Fatalf("a lock released through the partition was not acquirable %v after the cut (bound %v)", time.Since(cut), cfg.PartitionBound)
+		}
+		if g.err != nil {
+			t.Errorf("Acquire of the lock released %s: %v", whats[g.i], g.err)
+			continue
+		}
+		got = append(got, g.lease)
+		took := g.at.Sub(cut)
+		t.Logf("lock released %s acquired by another client %v after the cut (bound %v)",
+			whats[g.i], took.Round(time.Millisecond), cfg.PartitionBound)
+		if took > cfg.PartitionBound {
+			t.Errorf("lock released %s through the partition acquirable only %v after the cut, bound %v",
+				whats[g.i], took, cfg.PartitionBound)
+		}
+	}
+	proxy.Heal()
+	for _, l := range got {
+		release(t, l)
+	}
+}
+
 func testLoss(t *testing.T, cfg *Config) {
 	ls := lockers(t, cfg, 2)
 	admin := cfg.Open(t, cfg.Dialect)
@@ -623,9 +766,20 @@ func testTokens(t *testing.T, cfg *Config) {
 	}
 }
 
+// testNames: a name is 1 to MaxNameLen bytes, any bytes, and two names are the same
+// lock if and only if their bytes are equal (README "Exact names"). The empty name
+// and a name of MaxNameLen+1 bytes are refused with ErrInvalidName; every name in
+// between is accepted, so ErrInvalidName for one (a NUL byte, invalid UTF-8, a
+// trailing space) fails the case. For each pair of names that differ (in case, a
+// trailing space, normalisation, a byte after a NUL, the last byte of MaxNameLen
+// bytes of NULs and invalid UTF-8), both are held at once by two Lockers, the held
+// name is refused to the other Locker, and once released it is free. A name of
+// exactly MaxNameLen bytes is acquired end to end: Acquire, Name, a second Locker
+// refused by TryAcquire and by a blocking Acquire until its deadline, Release, then
+// acquired by the second Locker.
 func testNames(t *testing.T, cfg *Config) {
 	ls := lockers(t, cfg, 2)
-	ctx := testdb.Context(t, time.Minute)
+	ctx := testdb.Context(t, 2*time.Minute)
 	for _, bad := range []string{"", strings.Repeat("x", sqllock.MaxNameLen+1)} {
 		lease, err := ls[0].TryAcquire(ctx, bad)
 		if !errors.Is(err, sqllock.ErrInvalidName) || lease != nil {
@@ -638,6 +792,15 @@ func testNames(t *testing.T, cfg *Config) {
 	}
 	base := uniqueName(t)
 	long := base + "/" + strings.Repeat("L", 1024)
+	// maxName is MaxNameLen bytes: base, then NULs and bytes that are not UTF-8,
+	// then last.
+	maxName := func(last byte) string {
+		b := []byte(base + "/")
+		for i := 0; len(b) < sqllock.MaxNameLen-1; i++ {
+			b = append(b, "\x00\xff\xfe "[i%4])
+		}
+		return string(append(b, last))
+	}
 	pairs := []struct{ a, b, why string }{
 		{base + "/Job", base + "/job", "case"},
 		{base + "/a", base + "/a ", "trailing space"},
@@ -647,33 +810,78 @@ func testNames(t *testing.T, cfg *Config) {
 		{base + "/nul\x00a", base + "/nul\x00b", "bytes after a NUL"},
 		{base + "/nul", base + "/nul\x00", "a trailing NUL"},
 		{base + "/\xff\xfe", base + "/\xff\xfd", "invalid UTF-8"},
+		{base + "/\x00", base + "/\x01", "a NUL and another control byte"},
+		{maxName(0), maxName(0xff), "MaxNameLen-byte names of NULs and invalid UTF-8 that differ in the last byte"},
 	}
 	for _, p := range pairs {
 		a, err := ls[0].TryAcquire(ctx, p.a)
-		if errors.Is(err, sqllock.ErrInvalidName) {
-			t.Logf("names differing by %s: %q rejected as invalid (allowed)", p.why, p.a)
-			continue
-		}
 		if err != nil {
-			t.Errorf("TryAcquire(%q): %v", p.a, err)
+			t.Errorf("names differing by %s: TryAcquire(%s) of a free lock: %v (a name of 1 to %d bytes, any bytes, must be accepted)",
+				p.why, showName(p.a), err, sqllock.MaxNameLen)
 			continue
 		}
 		if a.Name() != p.a {
-			t.Errorf("Name() = %q, want %q", a.Name(), p.a)
+			t.Errorf("Name() = %s, want %s", showName(a.Name()), showName(p.a))
 		}
 		b, err := ls[1].TryAcquire(ctx, p.b)
-		switch {
-		case errors.Is(err, sqllock.ErrInvalidName):
-			t.Logf("names differing by %s: %q rejected as invalid (allowed)", p.why, p.b)
-		case err != nil:
-			t.Errorf("names differing by %s are the same lock: TryAcquire(%q) while %q is held: %v", p.why, p.b, p.a, err)
-		default:
-			// The lock really is held: a second holder of p.a is refused.
+		if err != nil {
+			t.Errorf("names differing by %s: TryAcquire(%s) while %s is held: %v (want it acquired: a different lock)",
+				p.why, showName(p.b), showName(p.a), err)
+		} else {
+			if b.Name() != p.b {
+				t.Errorf("Name() = %s, want %s", showName(b.Name()), showName(p.b))
+			}
+			// Both locks really are held: each is refused to the other Locker.
 			wantNotAcquired(t, ls[1], p.a, "on a name that is held ("+p.why+")")
+			wantNotAcquired(t, ls[0], p.b, "on a name that is held ("+p.why+")")
 			release(t, b)
 		}
 		release(t, a)
+		// Released under its exact name: free for the other Locker.
+		again, err := ls[1].TryAcquire(ctx, p.a)
+		if err != nil {
+			t.Errorf("names differing by %s: TryAcquire(%s) after its Release: %v", p.why, showName(p.a), err)
+			continue
+		}
+		release(t, again)
 	}
+
+	// A MaxNameLen-byte name end to end, through the blocking paths.
+	name := maxName('!')
+	if len(name) != sqllock.MaxNameLen {
+		t.Fatalf("test bug: a %d-byte name", len(name))
+	}
+	lease, err := ls[0].Acquire(ctx, name)
+	if err != nil {
+		t.Fatalf("Acquire of a %d-byte name: %v", len(name), err)
+	}
+	if lease.Name() != name {
+		t.Errorf("Name() of a %d-byte name = %s", len(name), showName(lease.Name()))
+	}
+	wantNotAcquired(t, ls[1], name, fmt.Sprintf("on a held %d-byte name", len(name)))
+	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	other, err := ls[1].Acquire(short, name)
+	cancel()
+	if err == nil {
+		other.Release(ctx)
+		t.Errorf("Acquire of a held %d-byte name by another Locker succeeded", len(name))
+	} else if !errors.Is(err, sqllock.ErrNotAcquired) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Acquire of a held %d-byte name by another Locker until its deadline: %v, want ErrNotAcquired and DeadlineExceeded", len(name), err)
+	}
+	release(t, lease)
+	next, err := ls[1].Acquire(ctx, name)
+	if err != nil {
+		t.Fatalf("Acquire of a released %d-byte name by another Locker: %v", len(name), err)
+	}
+	release(t, next)
+}
+
+// showName quotes a name for a message, eliding the middle of a long one.
+func showName(n string) string {
+	if len(n) <= 120 {
+		return fmt.Sprintf("%q", n)
+	}
+	return fmt.Sprintf("%q...%q (%d bytes)", n[:60], n[len(n)-20:], len(n))
 }
 
 func testDo(t *testing.T, cfg *Config) {
