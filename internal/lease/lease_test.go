@@ -174,6 +174,32 @@ func TestErrReportsPassedDeadline(t *testing.T) {
 	l.Release(context.Background())
 }
 
+// A frozen holder that looks at Done first, without calling Err, learns of the loss
+// at that look: Done compares the clock with the deadline itself and returns a
+// closed channel, and Err then matches ErrLost.
+func TestDoneReportsPassedDeadline(t *testing.T) {
+	k := &keeper{}
+	var shift atomic.Int64
+	now := func() time.Time { return time.Now().Add(time.Duration(shift.Load())) }
+	tm, _ := Timing{TTL: time.Hour}.Resolve()
+	l := Start(k, Params{Timing: tm, Granted: now(), Label: label, Now: now})
+	select {
+	case <-l.Done():
+		t.Fatal("Done closed at once")
+	default:
+	}
+	shift.Store(int64(2 * time.Hour)) // as if suspended for two hours
+	select {
+	case <-l.Done():
+	default:
+		t.Fatal("Done not closed at the first look after the deadline passed")
+	}
+	if !errors.Is(l.Err(), sqllock.ErrLost) {
+		t.Errorf("Err after Done saw the deadline = %v, want ErrLost", l.Err())
+	}
+	l.Release(context.Background())
+}
+
 // The wall clock counts when it runs ahead of the monotonic one (a suspended VM: the
 // monotonic clock stopped).
 func TestWallClockCounts(t *testing.T) {
