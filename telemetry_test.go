@@ -2,8 +2,12 @@ package sqllock_test
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
+	"fmt"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -15,6 +19,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sqllock/sqllock"
 	"github.com/sqllock/sqllock/testdb"
@@ -92,9 +97,19 @@ func total(points map[string][]telPoint, metric string, want ...attribute.KeyVal
 
 // TestTelemetry installs an in-memory OpenTelemetry metric reader and span recorder
 // and checks, per strategy and database, the metrics of one acquisition, one
-// refused TryAcquire, one Acquire that timed out, one lease lost to a partition and
-// one released: their names, units and counts, the holders and waiters gauges back
-// at zero, and the spans, which carry a hash of the name, never the name.
+// refused TryAcquire, one Acquire that waited until its context was cancelled, one
+// lease lost to a partition and one released: their names, units and counts; the
+// holders gauge sampled at 1 while a lease is held (and still 1 while a waiter
+// blocks), at 0 once it was lost; the waiters gauge at 1 while the Acquire blocks
+// and 0 after; the loss counted with the cause "deadline" (a partitioned holder
+// hears nothing: its local deadline ends the lease); both gauges back where they
+// started. With WithOwner (every strategy but forupdate, which rejects it), two
+// reentrant holds of one lease count once: holders stays at 1 with both held and
+// after one was released, and is 0 after both. The spans carry a hash of the name
+// (sqllock.name.sha256: the first 8 bytes of its SHA-256, in hex), never the name;
+// the acquisition spans carry their result and, when granted, the lease's token;
+// there is one release span per Release (a release span inside a refused
+// acquisition's own span, fairqueue giving back its ticket, is set aside).
 func TestTelemetry(t *testing.T) {
 	installTelemetry()
 	wantUnits := map[string]string{
@@ -112,21 +127,78 @@ func TestTelemetry(t *testing.T) {
 				b := s.timed(t, testdb.Open(t, d), d, ttl, ka)
 				name := testdb.Name(t, "secret-customer-42")
 				strat := attribute.String("sqllock.strategy", s.name)
-				before := collect(t)
+				dbSystem := attribute.String("db.system.name", map[sqllock.Dialect]string{
+					sqllock.Postgres: "postgresql", sqllock.MySQL: "mysql"}[d])
+				// gauge is the value of an up-down counter of this strategy and
+				// database now, less its value in base.
+				gauge := func(base map[string][]telPoint, metric string) float64 {
+					return total(collect(t), metric, strat, dbSystem) - total(base, metric, strat, dbSystem)
+				}
+				wantGauge := func(base map[string][]telPoint, metric string, want float64, when string) {
+					t.Helper()
+					if got := gauge(base, metric); got != want {
+						t.Errorf("%s %s: %v, want %v", metric, when, got, want)
+					}
+				}
 
+				if s.name != "forupdate" {
+					rname := testdb.Name(t, "reentrant")
+					owner := sqllock.WithOwner("telemetry-owner")
+					base := collect(t)
+					r1, err := a.Acquire(ctx, rname, owner)
+					if err != nil {
+						t.Fatal(err)
+					}
+					wantGauge(base, "sqllock.holders", 1, "while one hold is held")
+					r2, err := a.Acquire(ctx, rname, owner)
+					if err != nil {
+						t.Fatalf("reentrant Acquire: %v", err)
+					}
+					if r2.Token() != r1.Token() {
+						t.Errorf("reentrant hold's token %d, want the first hold's %d", r2.Token(), r1.Token())
+					}
+					wantGauge(base, "sqllock.holders", 1, "while two reentrant holds of one lease are held (they count once)")
+					must(t, r2.Release(ctx))
+					wantGauge(base, "sqllock.holders", 1, "after one of two reentrant holds was released (the lease is still held)")
+					must(t, r1.Release(ctx))
+					wantGauge(base, "sqllock.holders", 0, "after both reentrant holds were released")
+				}
+
+				before := collect(t)
 				la, err := a.Acquire(ctx, name)
 				if err != nil {
 					t.Fatal(err)
 				}
+				wantGauge(before, "sqllock.holders", 1, "while a lease is held")
 				if _, err := b.TryAcquire(ctx, name); !errors.Is(err, sqllock.ErrNotAcquired) {
 					t.Fatalf("TryAcquire of a held lock: %v", err)
 				}
-				short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
-				_, err = b.Acquire(short, name)
-				cancel()
-				if !errors.Is(err, sqllock.ErrNotAcquired) {
-					t.Fatalf("Acquire that times out: %v", err)
+				// A waiter blocks until its context is cancelled.
+				wctx, wcancel := context.WithCancel(ctx)
+				waited := make(chan error, 1)
+				go func() {
+					l, err := b.Acquire(wctx, name)
+					if err == nil {
+						l.Release(ctx)
+					}
+					waited <- err
+				}()
+				// Nothing but the gauge tells that the Acquire has begun waiting: poll it.
+				for deadline := time.Now().Add(10 * time.Second); gauge(before, "sqllock.waiters") == 0; {
+					if time.Now().After(deadline) {
+						wcancel()
+						<-waited
+						t.Fatal("sqllock.waiters did not move in 10 s while an Acquire was blocked")
+					}
+					time.Sleep(10 * time.Millisecond) // polling the gauge
 				}
+				wantGauge(before, "sqllock.waiters", 1, "while one Acquire is blocked")
+				wantGauge(before, "sqllock.holders", 1, "while a lease is held and an Acquire waits for it")
+				wcancel()
+				if err := <-waited; !errors.Is(err, sqllock.ErrNotAcquired) || !errors.Is(err, context.Canceled) {
+					t.Fatalf("Acquire whose context was cancelled while it waited: %v", err)
+				}
+				wantGauge(before, "sqllock.waiters", 0, "after the blocked Acquire returned")
 				// A keep-alive succeeds every ka: the renewals counter is the signal.
 				okRenewals := func(points map[string][]telPoint) float64 {
 					return total(points, "sqllock.renewals", strat, attribute.String("sqllock.result", "ok"))
@@ -143,6 +215,7 @@ func TestTelemetry(t *testing.T) {
 				case <-time.After(2 * ttl):
 					t.Fatal("the partitioned lease was not lost within twice its TTL")
 				}
+				wantGauge(before, "sqllock.holders", 0, "once the lease was lost")
 				proxy.Heal()
 				if err := la.Release(ctx); !errors.Is(err, sqllock.ErrLost) {
 					t.Fatalf("Release of the lost lease: %v", err)
@@ -151,6 +224,7 @@ func TestTelemetry(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
+				wantGauge(before, "sqllock.holders", 1, "while the next lease is held")
 				if err := lb.Release(ctx); err != nil {
 					t.Fatal(err)
 				}
@@ -164,11 +238,11 @@ func TestTelemetry(t *testing.T) {
 					}
 				}
 				delta := func(metric string, want ...attribute.KeyValue) float64 {
-					want = append(want, strat, attribute.String("db.system.name", map[sqllock.Dialect]string{
-						sqllock.Postgres: "postgresql", sqllock.MySQL: "mysql"}[d]))
+					want = append(want, strat, dbSystem)
 					return total(after, metric, want...) - total(before, metric, want...)
 				}
 				result := func(r string) attribute.KeyValue { return attribute.String("sqllock.result", r) }
+				cause := func(c string) attribute.KeyValue { return attribute.String("sqllock.loss.cause", c) }
 				for _, c := range []struct {
 					what string
 					got  float64
@@ -180,6 +254,7 @@ func TestTelemetry(t *testing.T) {
 					{"try_acquire calls", delta("sqllock.acquisitions", attribute.String("sqllock.operation", "try_acquire")), 1},
 					{"acquire durations", delta("sqllock.acquire.duration"), 4},
 					{"losses", delta("sqllock.losses"), 1},
+					{"losses by cause deadline", delta("sqllock.losses", cause("deadline")), 1},
 					{"holds ended lost", delta("sqllock.hold.duration", attribute.String("sqllock.end", "lost")), 1},
 					{"holds ended released", delta("sqllock.hold.duration", attribute.String("sqllock.end", "released")), 1},
 					{"holders now", delta("sqllock.holders"), 0},
@@ -193,25 +268,72 @@ func TestTelemetry(t *testing.T) {
 					t.Errorf("renewal durations: %v, renewals %v", n, delta("sqllock.renewals"))
 				}
 
+				sum := sha256.Sum256([]byte(name))
+				hash := hex.EncodeToString(sum[:8])
 				spans := map[string]int{}
+				// The spans of name (span name, result and token), by span ID. A
+				// release span inside an acquisition's span is the give-back of what a
+				// refused acquisition drew (fairqueue's ticket): set aside, and allowed
+				// only inside a not_acquired one.
+				mine := map[trace.SpanID]string{}
+				nested := map[trace.SpanID]trace.SpanID{} // release span -> its parent
 				for _, sp := range telSpans.Ended() {
-					mine := false
+					ours, named := false, false
+					var res, tok string
 					for _, kv := range sp.Attributes() {
 						if kv == strat {
-							mine = true
+							ours = true
 						}
 						if kv.Value.AsString() == name {
 							t.Errorf("span %s carries the lock name", sp.Name())
 						}
+						switch kv.Key {
+						case "sqllock.name.sha256":
+							named = kv.Value.AsString() == hash
+						case "sqllock.result":
+							res = " result=" + kv.Value.Emit()
+						case "sqllock.token":
+							tok = " token=" + kv.Value.Emit()
+						}
 					}
-					if mine {
+					if ours {
 						spans[sp.Name()]++
 					}
+					if ours && named {
+						mine[sp.SpanContext().SpanID()] = sp.Name() + res + tok
+						if sp.Name() == "sqllock.release" && sp.Parent().IsValid() {
+							nested[sp.SpanContext().SpanID()] = sp.Parent().SpanID()
+						}
+					}
+				}
+				var got []string
+				for id, desc := range mine {
+					parent, ok := nested[id]
+					if ok && strings.HasPrefix(mine[parent], "sqllock.") {
+						if !strings.HasSuffix(mine[parent], "result=not_acquired") {
+							t.Errorf("a release span inside the span %q", mine[parent])
+						}
+						continue
+					}
+					got = append(got, desc)
 				}
 				for _, n := range []string{"sqllock.acquire", "sqllock.try_acquire", "sqllock.release"} {
 					if spans[n] == 0 {
 						t.Errorf("no %s span (spans: %v)", n, spans)
 					}
+				}
+				want := []string{
+					fmt.Sprintf("sqllock.acquire result=acquired token=%d", la.Token()),
+					"sqllock.try_acquire result=not_acquired",
+					"sqllock.acquire result=not_acquired",
+					fmt.Sprintf("sqllock.acquire result=acquired token=%d", lb.Token()),
+					"sqllock.release",
+					"sqllock.release",
+				}
+				slices.Sort(got)
+				slices.Sort(want)
+				if !slices.Equal(got, want) {
+					t.Errorf("spans with sqllock.name.sha256 = %s (SHA-256 of the name, first 8 bytes):\n got %q\nwant %q", hash, got, want)
 				}
 			})
 		}

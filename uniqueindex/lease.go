@@ -29,7 +29,11 @@ type Lease struct {
 
 func (l *Locker) newLease(name string, key, owner []byte, token int64, tm lease.Timing, reentrant bool, granted time.Time, slot *wait.Slot, turn *wait.Turn) *Lease {
 	le := &Lease{l: l, name: name, key: key, owner: owner, token: token, reentrant: reentrant, ttl: tm.TTL, turn: turn}
-	le.core = l.b.StartLease(keeper{le}, tm, name, key, granted, slot)
+	var reentrantOwner []byte
+	if reentrant {
+		reentrantOwner = owner
+	}
+	le.core = l.b.StartLease(keeper{le}, tm, name, key, reentrantOwner, granted, slot)
 	le.core.Run()
 	return le
 }

@@ -135,6 +135,7 @@ type Lease struct {
 	renewMu sync.Mutex // one keep-alive at a time: the loop's, Refresh's, or Release's give-back
 
 	onEnd func() // called once the lease ended
+	holds *Holds // see Params.Holds
 
 	stop     chan struct{} // closed by Release: the loop exits after the keep-alive under way
 	abort    chan struct{} // closed when Release's context ends: the keep-alive under way is cancelled
@@ -157,6 +158,9 @@ type Params struct {
 	Log     *slog.Logger     // nil: discard
 	Now     func() time.Time // nil: time.Now (tests shift it)
 	OnEnd   func()           // called once, after the lease ended (lost or released)
+	// Holds, if not nil, is shared by the leases that are one hold for the holders
+	// gauge (the reentrant holds of one owner of one lock): the gauge counts them once.
+	Holds *Holds
 }
 
 // Start begins the life of a granted lock and starts its keep-alive: Prepare and Run.
@@ -178,7 +182,7 @@ func Prepare(k Keeper, p Params) *Lease {
 	}
 	return &Lease{
 		keeper: k, timing: p.Timing.withDefaults(), label: p.Label, log: p.Log, now: p.Now,
-		done: make(chan struct{}), lastOK: p.Granted, onEnd: p.OnEnd,
+		done: make(chan struct{}), lastOK: p.Granted, onEnd: p.OnEnd, holds: p.Holds,
 		stop: make(chan struct{}), abort: make(chan struct{}), kick: make(chan struct{}, 1), loopDone: make(chan struct{}),
 	}
 }

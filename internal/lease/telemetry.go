@@ -206,15 +206,38 @@ func (a *acquisition) end(core *Lease, token int64, err error) {
 }
 
 // MarkHeld counts the lease as held from now (the holders gauge, the hold time)
-// until it ends. Idempotent: reentrant holds of one lease count once. A lease that
-// is never marked (a fairqueue ticket that was not granted) is not counted.
+// until it ends. Idempotent: reentrant holds of one lease count once, and so do the
+// leases that share a Holds. A lease that is never marked (a fairqueue ticket that was
+// not granted) is not counted.
 func (l *Lease) MarkHeld() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.heldAt.IsZero() && l.err == nil {
 		l.heldAt = time.Now()
-		tel.holders.Add(context.Background(), 1, l.label.attrs())
+		if l.holds.add(1) {
+			tel.holders.Add(context.Background(), 1, l.label.attrs())
+		}
 	}
+}
+
+// Holds counts the held leases that are one hold for the holders gauge (Params.Holds).
+// The zero value is ready to use.
+type Holds struct {
+	mu sync.Mutex
+	n  int
+}
+
+// add counts a lease held (d = 1) or ended (-1) and reports whether the gauge moves:
+// for the first lease held and the last one ended. A nil Holds counts each lease by
+// itself.
+func (h *Holds) add(d int) bool {
+	if h == nil {
+		return true
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.n += d
+	return (d > 0 && h.n == 1) || (d < 0 && h.n == 0)
 }
 
 // ended records the end of a lease marked held: why is "" for a release, else the
@@ -229,7 +252,9 @@ func (l *Lease) ended(heldAt time.Time, why string) {
 		end = "lost"
 		tel.losses.Add(ctx, 1, l.label.attrs(AttrCause, why))
 	}
-	tel.holders.Add(ctx, -1, l.label.attrs())
+	if l.holds.add(-1) {
+		tel.holders.Add(ctx, -1, l.label.attrs())
+	}
 	tel.holdDur.Record(ctx, time.Since(heldAt).Seconds(), l.label.attrs(AttrEnd, end))
 }
 

@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -94,6 +95,15 @@ type Locker struct {
 
 	id    []byte
 	nonce atomic.Uint64
+
+	holdsMu sync.Mutex
+	holds   map[string]*sharedHolds // reentrant holds by key and owner (StartLease)
+}
+
+// sharedHolds is the lease.Holds of the live reentrant leases of one key and owner.
+type sharedHolds struct {
+	holds lease.Holds
+	refs  int
 }
 
 // New returns the shared part of a Locker of strategy on db, whose configuration was
@@ -296,16 +306,44 @@ func (b *Locker) Prelude(ctx context.Context, op, name string, opts []sqllock.Ac
 
 // StartLease starts the lease core of a lock granted to a waiter of key that held
 // slot (nil if none), with keeper k: when the lease ends, the slot goes to the next
-// waiter of this Locker, who is woken at once.
-func (b *Locker) StartLease(k lease.Keeper, tm lease.Timing, name string, key []byte, granted time.Time, slot *wait.Slot) *lease.Lease {
+// waiter of this Locker, who is woken at once. reentrant is the owner of a reentrant
+// acquisition (sqllock.WithOwner), nil otherwise: the live leases of one key and
+// owner count as one holder in telemetry.
+func (b *Locker) StartLease(k lease.Keeper, tm lease.Timing, name string, key, reentrant []byte, granted time.Time, slot *wait.Slot) *lease.Lease {
 	skey := string(key)
+	var holds *lease.Holds
+	release := func() {}
+	if reentrant != nil {
+		hkey := skey + "\x00" + string(reentrant)
+		b.holdsMu.Lock()
+		if b.holds == nil {
+			b.holds = map[string]*sharedHolds{}
+		}
+		sh := b.holds[hkey]
+		if sh == nil {
+			sh = &sharedHolds{}
+			b.holds[hkey] = sh
+		}
+		sh.refs++
+		b.holdsMu.Unlock()
+		holds = &sh.holds
+		release = func() {
+			b.holdsMu.Lock()
+			if sh.refs--; sh.refs == 0 && b.holds[hkey] == sh {
+				delete(b.holds, hkey)
+			}
+			b.holdsMu.Unlock()
+		}
+	}
 	return lease.Prepare(k, lease.Params{
 		Timing:  tm,
 		Granted: granted,
 		Label:   b.Cfg.Label(b.Strategy, b.Dialect, name),
 		Log:     b.Cfg.Logger,
 		Now:     b.Now,
+		Holds:   holds,
 		OnEnd: func() {
+			release()
 			if slot != nil {
 				slot.Leave() // hands the slot on and wakes the next waiter
 				return
