@@ -3,6 +3,7 @@ package fairqueue_test
 import (
 	"database/sql"
 	"errors"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -231,15 +232,9 @@ func TestCheckHoldsOffSuccessor(t *testing.T) {
 			got <- result{le, err}
 		}()
 		waitDrawn(t, ctx, admin, d, name, before+1)
-		// MariaDB serves its lock waits from a cache that a read refreshes only 0.1 s
-		// after the previous one (see testdb.WaitsForLock): poll it slower.
-		every := 10 * time.Millisecond
-		if d == sqllock.MySQL {
-			every = 200 * time.Millisecond
-		}
 		// Until the ticket is dead and the successor waits for the checked
 		// transaction (polling the server: it sends no signal).
-		for {
+		err = testdb.AwaitBlockedBy(ctx, admin, d, sid, func() (bool, error) {
 			select {
 			case r := <-got:
 				live := liveTicket(t, admin, d, name, held.Token())
@@ -248,23 +243,14 @@ func TestCheckHoldsOffSuccessor(t *testing.T) {
 					tok = r.le.Token()
 					r.le.Release(ctx)
 				}
-				t.Fatalf("the successor's Acquire returned while the checked transaction was open: token %d (the holder's %d, live: %v), %v",
+				return false, fmt.Errorf("the successor's Acquire returned while the checked transaction was open: token %d (the holder's %d, live: %v), %v",
 					tok, held.Token(), live, r.err)
 			default:
 			}
-			dead := !liveTicket(t, admin, d, name, held.Token())
-			n, err := testdb.BlockedBy(ctx, admin, d, sid)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if dead && n > 0 {
-				break
-			}
-			select {
-			case <-ctx.Done():
-				t.Fatalf("the successor never waited for the checked transaction (ticket dead: %v, sessions blocked: %d)", dead, n)
-			case <-time.After(every):
-			}
+			return !liveTicket(t, admin, d, name, held.Token()), nil
+		})
+		if err != nil {
+			t.Fatalf("the successor never waited for the checked transaction with the ticket dead: %v", err)
 		}
 		select {
 		case r := <-got:

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -100,15 +101,9 @@ func TestCheckHoldsOffTakeover(t *testing.T) {
 			le, err := b.Acquire(ctx, name)
 			got <- result{le, err}
 		}()
-		// MariaDB serves its lock waits from a cache that a read refreshes only 0.1 s
-		// after the previous one (see testdb.WaitsForLock): poll it slower.
-		every := 10 * time.Millisecond
-		if d == sqllock.MySQL {
-			every = 200 * time.Millisecond
-		}
 		// Until the lease has expired and the other Acquire waits for the checked
 		// transaction (polling the server: it sends no signal).
-		for {
+		err = testdb.AwaitBlockedBy(ctx, admin, d, sid, func() (bool, error) {
 			select {
 			case r := <-got:
 				tok := int64(0)
@@ -116,24 +111,15 @@ func TestCheckHoldsOffTakeover(t *testing.T) {
 					tok = r.le.Token()
 					r.le.Release(ctx)
 				}
-				t.Fatalf("another Locker's Acquire returned while the checked transaction was open: token %d (the holder's %d), %v",
+				return false, fmt.Errorf("another Locker's Acquire returned while the checked transaction was open: token %d (the holder's %d), %v",
 					tok, held.Token(), r.err)
 			default:
 			}
 			_, left := rowExpiry(t, admin, d, name)
-			n, err := testdb.BlockedBy(ctx, admin, d, sid)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if left <= 0 && n > 0 {
-				break
-			}
-			select {
-			case <-ctx.Done():
-				t.Fatalf("the other Acquire never waited for the checked transaction (lease left %v, sessions blocked: %d)",
-					time.Duration(left)*time.Microsecond, n)
-			case <-time.After(every):
-			}
+			return left <= 0, nil
+		})
+		if err != nil {
+			t.Fatalf("the other Acquire never waited for the checked transaction with the lease expired: %v", err)
 		}
 		select {
 		case r := <-got:

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/sqllock/sqllock"
 )
@@ -130,6 +131,47 @@ WHERE t.trx_mysql_thread_id = ?`
 	var n int
 	err := db.QueryRowContext(ctx, q, holder).Scan(&n)
 	return n, err
+}
+
+// AwaitBlockedBy polls until at least one session waits for a row lock that session
+// holder holds (BlockedBy) while ready, if not nil, reports true, or until ready
+// returns an error or ctx ends (an error that says what was last seen). ready runs
+// first in each round, on the caller's goroutine. On MariaDB it polls every 200 ms:
+// INNODB_LOCK_WAITS is served from a cache that a read refreshes only 0.1 s after the
+// previous one (see WaitsForLock), so a faster poll may never see a wait begin;
+// elsewhere every 10 ms.
+func AwaitBlockedBy(ctx context.Context, db *sql.DB, d sqllock.Dialect, holder int64, ready func() (bool, error)) error {
+	every := 10 * time.Millisecond
+	if d == sqllock.MySQL {
+		f, err := FlavorOf(ctx, db, d)
+		if err != nil {
+			return err
+		}
+		if f == FlavorMariaDB {
+			every = 200 * time.Millisecond
+		}
+	}
+	for {
+		ok := true
+		if ready != nil {
+			var err error
+			if ok, err = ready(); err != nil {
+				return err
+			}
+		}
+		n, err := BlockedBy(ctx, db, d, holder)
+		if err != nil {
+			return err
+		}
+		if ok && n > 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("testdb: %d sessions blocked by session %d, ready %v: %w", n, holder, ok, ctx.Err())
+		case <-time.After(every):
+		}
+	}
 }
 
 // WaitsForLock reports whether session sid (a backend pid, or a MySQL connection id)

@@ -2,6 +2,7 @@ package uniqueindex
 
 import (
 	"database/sql"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -139,25 +140,17 @@ func TestSlowGrantRenewedBeforeReturn(t *testing.T) {
 			le, err := w.Acquire(ctx, name)
 			got <- result{le, err}
 		}()
-		every := 10 * time.Millisecond
-		if d == sqllock.MySQL {
-			every = 200 * time.Millisecond // MariaDB refreshes its lock-wait view 0.1 s after a read at the earliest
-		}
-		for { // until the waiter's statement waits for the checked transaction
-			n, err := testdb.BlockedBy(ctx, admin, d, sid)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if n > 0 {
-				break
-			}
+		// Until the waiter's statement waits for the checked transaction.
+		err = testdb.AwaitBlockedBy(ctx, admin, d, sid, func() (bool, error) {
 			select {
 			case r := <-got:
-				t.Fatalf("Acquire returned while the checked transaction was open: %v", r.err)
-			case <-ctx.Done():
-				t.Fatal("the waiter's statement never waited for the checked transaction")
-			case <-time.After(every):
+				return false, fmt.Errorf("Acquire returned while the checked transaction was open: %v", r.err)
+			default:
+				return true, nil
 			}
+		})
+		if err != nil {
+			t.Fatalf("the waiter's statement never waited for the checked transaction: %v", err)
 		}
 		blocked := time.Now()
 		// The wait under test: the statement must have waited for more than a third of
