@@ -53,23 +53,6 @@ func execTicket(t testing.TB, db *sql.DB, d sqllock.Dialect, q, name string, tic
 	return n
 }
 
-// ticketExpiry reads ticket's expiry on the database clock: µs since the epoch, and
-// µs left. It fails the test if the ticket is gone.
-func ticketExpiry(t testing.TB, db *sql.DB, d sqllock.Dialect, name string, ticket int64) (at, left int64) {
-	t.Helper()
-	q := `SELECT floor(extract(epoch FROM expires_at) * 1000000)::bigint,
-  floor(extract(epoch FROM (expires_at - clock_timestamp())) * 1000000)::bigint
-FROM sqllock_ticket WHERE lock_key = $1 AND ticket = $2`
-	if d == sqllock.MySQL {
-		q = `SELECT TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', expires_at), TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at)
-FROM sqllock_ticket WHERE lock_key = ? AND ticket = ?`
-	}
-	if err := db.QueryRowContext(testdb.Context(t, 30*time.Second), q, namekey.Key(name), ticket).Scan(&at, &left); err != nil {
-		t.Fatalf("ticket %d: %v", ticket, err)
-	}
-	return at, left
-}
-
 // liveTicket reports whether ticket is there and unexpired on the database clock.
 func liveTicket(t testing.TB, db *sql.DB, d sqllock.Dialect, name string, ticket int64) bool {
 	t.Helper()
@@ -377,9 +360,7 @@ func TestLeaseTTLOption(t *testing.T) {
 	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
 		locktest.LeaseTTLOption(t, d, func(t testing.TB, db *sql.DB, ttl time.Duration) sqllock.Locker {
 			return newLocker(t, db, d, fairqueue.WithTTL(ttl))
-		}, func(t testing.TB, admin *sql.DB, name string, le sqllock.Lease) (int64, int64) {
-			return ticketExpiry(t, admin, d, name, le.Token())
-		})
+		}, locktest.TableExpiry(d, "sqllock_ticket", "ticket"))
 	})
 }
 

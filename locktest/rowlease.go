@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sqllock/sqllock"
+	"github.com/sqllock/sqllock/internal/namekey"
 	"github.com/sqllock/sqllock/testdb"
 )
 
@@ -17,6 +18,33 @@ import (
 // RowExpiry reads the expiry of le (a lease of name) in its row: µs since the Unix
 // epoch, and µs left, both on the database clock.
 type RowExpiry func(t testing.TB, admin *sql.DB, name string, le sqllock.Lease) (at, left int64)
+
+// TableExpiry is the RowExpiry of a strategy whose leases are rows of table, found by
+// the lock's key and, if tokenColumn is not "", by the lease's token in that column
+// (fairqueue's ticket; le may then not be nil).
+func TableExpiry(d sqllock.Dialect, table, tokenColumn string) RowExpiry {
+	q := "SELECT floor(extract(epoch FROM expires_at) * 1000000)::bigint, " +
+		"floor(extract(epoch FROM (expires_at - clock_timestamp())) * 1000000)::bigint FROM " + table + " WHERE lock_key = ?"
+	if d == sqllock.MySQL {
+		q = "SELECT TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', expires_at), " +
+			"TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) FROM " + table + " WHERE lock_key = ?"
+	}
+	if tokenColumn != "" {
+		q += " AND " + tokenColumn + " = ?"
+	}
+	q = testdb.Rebind(d, q)
+	return func(t testing.TB, admin *sql.DB, name string, le sqllock.Lease) (at, left int64) {
+		t.Helper()
+		args := []any{namekey.Key(name)}
+		if tokenColumn != "" {
+			args = append(args, le.Token())
+		}
+		if err := admin.QueryRowContext(testdb.Context(t, 30*time.Second), q, args...).Scan(&at, &left); err != nil {
+			t.Fatalf("the %s row of %q: %v", table, name, err)
+		}
+		return at, left
+	}
+}
 
 // LeaseTTLOption checks sqllock.WithLeaseTTL, which sets the lease time of one
 // acquisition: through a Locker whose leases last 30 s (newLocker builds it with that

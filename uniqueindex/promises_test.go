@@ -17,17 +17,7 @@ import (
 // epoch, and µs left.
 func rowExpiry(t testing.TB, db *sql.DB, d sqllock.Dialect, name string) (at, left int64) {
 	t.Helper()
-	q := `SELECT floor(extract(epoch FROM expires_at) * 1000000)::bigint,
-  floor(extract(epoch FROM (expires_at - clock_timestamp())) * 1000000)::bigint
-FROM sqllock_lease WHERE lock_key = $1`
-	if d == sqllock.MySQL {
-		q = `SELECT TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', expires_at), TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at)
-FROM sqllock_lease WHERE lock_key = ?`
-	}
-	if err := db.QueryRowContext(testdb.Context(t, 30*time.Second), q, namekey.Key(name)).Scan(&at, &left); err != nil {
-		t.Fatalf("lease row of %q: %v", name, err)
-	}
-	return at, left
+	return locktest.TableExpiry(d, "sqllock_lease", "")(t, db, name, nil)
 }
 
 // TestStatementsPerAcquisition: once a Locker has used a name, an uncontended
@@ -188,9 +178,7 @@ func TestLeaseTTLOption(t *testing.T) {
 	testdb.ForEach(t, func(t *testing.T, d sqllock.Dialect) {
 		locktest.LeaseTTLOption(t, d, func(t testing.TB, db *sql.DB, ttl time.Duration) sqllock.Locker {
 			return newLocker(t, db, d, WithTTL(ttl))
-		}, func(t testing.TB, admin *sql.DB, name string, _ sqllock.Lease) (int64, int64) {
-			return rowExpiry(t, admin, d, name)
-		})
+		}, locktest.TableExpiry(d, "sqllock_lease", ""))
 	})
 }
 
